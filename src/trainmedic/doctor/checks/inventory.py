@@ -1,0 +1,161 @@
+"""What GPUs this machine has, as info findings, and whether a driver sees them.
+
+docs/doctor-checks.md, "inventory", explains the findings.
+"""
+
+from __future__ import annotations
+
+from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu.types import GpuSample
+
+_GIB = float(1 << 30)
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else round(value / _GIB, 1)
+
+
+def _capability(s: GpuSample) -> str | None:
+    cc = s.compute_capability
+    return None if cc is None else f"{cc[0]}.{cc[1]}"
+
+
+def check_gpu_inventory(facts: MachineFacts) -> list[Finding]:
+    """One info finding per GPU: model, memory, driver, compute capability."""
+    driver = facts.gpu.driver
+    driver_version = driver.version if driver is not None else None
+    cuda = driver.cuda_version if driver is not None else None
+    out: list[Finding] = []
+    for s in facts.gpu.samples:
+        memory = _gib(s.memory_total_bytes)
+        parts = [s.name]
+        if memory is not None:
+            parts.append(f"{memory:.1f} GiB")
+        if s.compute_capability is not None:
+            parts.append(f"compute capability {_capability(s)}")
+        out.append(
+            Finding(
+                id="inventory.gpu",
+                category=Category.GPU_CAPACITY,
+                severity=Severity.INFO,
+                title=f"GPU {s.index}: " + ", ".join(parts),
+                evidence={
+                    "name": s.name,
+                    "uuid": s.uuid,
+                    "memory_total_gib": memory,
+                    "driver_version": driver_version,
+                    "cuda_driver_version": None if cuda is None else f"{cuda[0]}.{cuda[1]}",
+                    "compute_capability": _capability(s),
+                    "persistence_mode": s.persistence_mode,
+                    "backend": facts.gpu.backend,
+                },
+                subject=f"gpu{s.index}",
+            )
+        )
+    return out
+
+
+def check_driver_presence(facts: MachineFacts) -> list[Finding]:
+    """No driver at all (info), or a driver that sees no GPU (warning)."""
+    if facts.gpu.samples:
+        return []
+    if facts.gpu.driver is None:
+        return [
+            Finding(
+                id="inventory.no_gpu",
+                category=Category.DRIVER,
+                severity=Severity.INFO,
+                title="No NVIDIA driver is present: this machine has no usable NVIDIA GPU",
+                evidence={
+                    "reason": facts.gpu.absent_reason or "no NVIDIA driver",
+                    "backend": facts.gpu.backend,
+                },
+                fix=(
+                    "Nothing to do on a CPU-only machine. If it should have NVIDIA GPUs: "
+                    "check lspci | grep -i nvidia lists them, install the NVIDIA driver "
+                    "(e.g. sudo ubuntu-drivers install, or the distribution's nvidia-driver "
+                    "package), reboot, and confirm with nvidia-smi; inside a container, start "
+                    "it with GPU access (docker run --gpus all, NVIDIA Container Toolkit)."
+                ),
+                subject="host",
+            )
+        ]
+    version = f" {facts.gpu.driver.version}" if facts.gpu.driver.version else ""
+    return [
+        Finding(
+            id="inventory.driver_without_gpu",
+            category=Category.DRIVER,
+            severity=Severity.WARNING,
+            title=f"The NVIDIA driver{version} is loaded but shows no GPU",
+            evidence={
+                "driver_version": facts.gpu.driver.version,
+                "backend": facts.gpu.backend,
+            },
+            fix=(
+                "Run nvidia-smi and check dmesg for Xid 79 ('GPU has fallen off the bus'): "
+                "then the GPU needs a reboot or reseat; inside a container, check it was "
+                "started with GPU access (docker run --gpus all) and that "
+                "NVIDIA_VISIBLE_DEVICES is not 'none' or 'void'."
+            ),
+            subject="host",
+        )
+    ]
+
+
+def check_mixed_models(facts: MachineFacts) -> list[Finding]:
+    """GPUs of different models: data-parallel training runs at the slowest one's pace."""
+    names = sorted({s.name for s in facts.gpu.samples})
+    if len(names) < 2:
+        return []
+    return [
+        Finding(
+            id="inventory.mixed_gpu_models",
+            category=Category.GPU_CAPACITY,
+            severity=Severity.WARNING,
+            title=(
+                f"This machine mixes {len(names)} GPU models; training across all of them "
+                "runs at the pace of the slowest"
+            ),
+            evidence={
+                "models": {
+                    name: [f"gpu{s.index}" for s in facts.gpu.samples if s.name == name]
+                    for name in names
+                },
+            },
+            fix=(
+                "Train on GPUs of one model (CUDA_DEVICE_ORDER=PCI_BUS_ID "
+                "CUDA_VISIBLE_DEVICES=<their indices>); the evidence lists which GPU "
+                "has which model."
+            ),
+            subject="host",
+        )
+    ]
+
+
+def check_persistence_mode(facts: MachineFacts) -> list[Finding]:
+    """Persistence mode off: each CUDA start re-initialises the GPUs (info only)."""
+    off = [s for s in facts.gpu.samples if s.persistence_mode is False]
+    if not off:
+        return []
+    gpus = [f"gpu{s.index}" for s in off]
+    return [
+        Finding(
+            id="driver.persistence_mode_off",
+            category=Category.DRIVER,
+            severity=Severity.INFO,
+            title=(
+                f"Persistence mode is off on {len(off)} GPU(s): every process that starts "
+                "CUDA waits for the GPU to initialise"
+            ),
+            evidence={"gpus": gpus},
+            fix=(
+                "Enable it: sudo systemctl enable --now nvidia-persistenced "
+                "(or sudo nvidia-smi -pm 1, which lasts until reboot)."
+            ),
+            subject="host",
+        )
+    ]
+
+
+CHECKS = (check_gpu_inventory, check_driver_presence, check_mixed_models, check_persistence_mode)

@@ -1,0 +1,84 @@
+"""The one exception tree of trainmedic.
+
+Every error trainmedic raises on purpose derives from :class:`TrainmedicError`.
+The CLI turns each into a one-line message and a non-zero exit code; anything
+else that escapes is a bug.
+
+    TrainmedicError
+    ├── UsageError            bad flags or arguments (exit 2)
+    │   └── InputError        a file, path or URL given by the user is unusable
+    │       └── SimulationFileError   a simulation file is malformed or incomplete
+    ├── BackendError          a GPU backend failed in a way that is not "unsupported"
+    ├── RunDirectoryError     a run directory is missing, unreadable or corrupt
+    └── CheckpointError       checkpoints exist but none can be loaded, or one does not fit
+"""
+
+from __future__ import annotations
+
+
+class TrainmedicError(Exception):
+    """Base class of all errors trainmedic raises deliberately."""
+
+    exit_code: int = 1
+
+
+class UsageError(TrainmedicError):
+    """The command line asks for something that cannot be done."""
+
+    exit_code = 2
+
+
+class InputError(UsageError):
+    """A path, file or URL named by the user cannot be used.
+
+    The message names the input and what is wrong with it.
+    """
+
+
+class SimulationFileError(InputError):
+    """A simulation file is malformed or incomplete.
+
+    Attributes:
+        path: the file.
+        field: dotted path of the offending field (``gpus[0].memory_total_bytes``),
+            or ``None`` when the file as a whole is unreadable.
+    """
+
+    def __init__(self, path: str, field: str | None, problem: str) -> None:
+        self.path = path
+        self.field = field
+        self.problem = problem
+        where = f"{path}: {field}" if field else path
+        super().__init__(f"simulation file {where}: {problem}")
+
+
+class BackendError(TrainmedicError):
+    """A GPU backend call failed for a reason other than "not supported"."""
+
+
+class RunDirectoryError(InputError):
+    """A run directory is missing, unreadable or corrupt."""
+
+
+class CheckpointError(TrainmedicError):
+    """Checkpoints exist but none can be loaded, or the one loaded does not fit.
+
+    Raised instead of silently starting from scratch: a job that has
+    checkpoints must not quietly throw its progress away.
+
+    Attributes:
+        directory: the checkpoint directory.
+        problems: ``(file name, what is wrong)`` for every checkpoint tried,
+            newest first.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        directory: str,
+        problems: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self.directory = directory
+        self.problems = problems
+        super().__init__(message)

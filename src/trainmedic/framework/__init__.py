@@ -1,0 +1,1 @@
+"""Facts about the deep-learning framework installed (PyTorch)."""

@@ -1,0 +1,92 @@
+"""The GPU backend seam: one interface, NVML or simulated behind it.
+
+Callers ask :func:`open_backend` for a backend and read typed
+:class:`~trainmedic.gpu.types.GpuSample` objects from it; nothing above this
+package imports NVML.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from trainmedic.gpu.types import DriverInfo, GpuSample
+
+
+class GpuBackend(Protocol):
+    """Source of GPU readings.
+
+    ``driver()`` returns ``None`` when no NVIDIA driver is present; then
+    ``device_count()`` is 0 and ``absent_reason`` says why.
+    """
+
+    @property
+    def kind(self) -> str:
+        """``"nvml"``, ``"simulated"`` or ``"none"``."""
+        ...
+
+    @property
+    def absent_reason(self) -> str | None:
+        """Why no GPU can be read (no driver, NVML library missing), else ``None``."""
+        ...
+
+    def driver(self) -> DriverInfo | None: ...
+
+    def device_count(self) -> int: ...
+
+    def sample(self, index: int) -> GpuSample:
+        """Read GPU ``index`` now. Unsupported readings come back as ``None``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NoGpuBackend:
+    """The backend of a machine where no NVIDIA GPU can be read."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    @property
+    def kind(self) -> str:
+        return "none"
+
+    @property
+    def absent_reason(self) -> str | None:
+        return self._reason
+
+    def driver(self) -> DriverInfo | None:
+        return None
+
+    def device_count(self) -> int:
+        return 0
+
+    def sample(self, index: int) -> GpuSample:
+        raise IndexError(f"no GPU {index}: {self._reason}")
+
+    def close(self) -> None:
+        return None
+
+
+def sample_all(backend: GpuBackend) -> list[GpuSample]:
+    """One reading of every GPU the backend sees."""
+    return [backend.sample(i) for i in range(backend.device_count())]
+
+
+def open_backend(simulate: str | None = None) -> GpuBackend:
+    """NVML when available, the simulated backend when ``simulate`` names a file.
+
+    Never raises for a missing driver: that yields a :class:`NoGpuBackend`.
+    Raises :class:`~trainmedic.errors.SimulationFileError` for a bad file.
+    """
+    if simulate is not None:
+        from trainmedic.gpu.simulated import SimulatedBackend
+
+        return SimulatedBackend.from_file(simulate)
+    return open_nvml_or_none()
+
+
+def open_nvml_or_none() -> GpuBackend:
+    """The NVML backend, or a :class:`NoGpuBackend` saying why there is none."""
+    from trainmedic.gpu.nvml import open_nvml
+
+    return open_nvml()

@@ -1,0 +1,393 @@
+"""A simulated GPU backend driven by a JSON file (docs/simulation-format.md).
+
+The file describes one or more GPUs with the readings NVML gives, optionally
+as a time series: each GPU's ``series`` is a list of ``{"t": seconds, ...}``
+entries whose fields override the GPU's base readings from second ``t`` on
+(applied cumulatively, in order). Time counts from the backend's creation on
+the injected clock, so a whole run can be replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from trainmedic.errors import SimulationFileError
+from trainmedic.gpu.types import (
+    ClockEventReason,
+    DriverInfo,
+    EccCounts,
+    GpuProcess,
+    GpuSample,
+    PcieLink,
+    RemappedRows,
+)
+
+Clock = Callable[[], float]
+
+# field -> accepted JSON types; ``None`` is accepted for every optional field.
+_NUMBER = (int, float)
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "memory_total_bytes": (int,),
+    "memory_used_bytes": (int,),
+    "utilization_gpu_pct": _NUMBER,
+    "utilization_memory_pct": _NUMBER,
+    "temperature_c": _NUMBER,
+    "temperature_slowdown_c": _NUMBER,
+    "temperature_shutdown_c": _NUMBER,
+    "power_draw_w": _NUMBER,
+    "power_limit_w": _NUMBER,
+    "sm_clock_mhz": _NUMBER,
+    "sm_clock_max_mhz": _NUMBER,
+    "clock_event_reasons": (int,),
+    "retired_pages_pending": (bool,),
+    "persistence_mode": (bool,),
+}
+_GROUPS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
+    "ecc": (
+        EccCounts,
+        {
+            "volatile_corrected": (int,),
+            "volatile_uncorrected": (int,),
+            "aggregate_corrected": (int,),
+            "aggregate_uncorrected": (int,),
+        },
+    ),
+    "remapped_rows": (
+        RemappedRows,
+        {"correctable": (int,), "uncorrectable": (int,), "pending": (bool,), "failure": (bool,)},
+    ),
+    "pcie": (
+        PcieLink,
+        {
+            "gen_current": (int,),
+            "gen_max": (int,),
+            "gen_gpu_max": (int,),
+            "width_current": (int,),
+            "width_max": (int,),
+            "tx_kib_per_s": (int,),
+            "rx_kib_per_s": (int,),
+        },
+    ),
+}
+_REASON_BY_NAME = {
+    flag.name.lower(): flag
+    for flag in ClockEventReason
+    if flag.name is not None and flag is not ClockEventReason.NONE
+}
+_REQUIRED = ("name", "uuid", "memory_total_bytes")
+_KNOWN_GPU_KEYS = (
+    set(_SCALARS)
+    | set(_GROUPS)
+    | {
+        "name",
+        "uuid",
+        "processes",
+        "compute_capability",
+        "series",
+    }
+)
+
+
+class SimulatedBackend:
+    """GPU readings replayed from a simulation file."""
+
+    def __init__(
+        self,
+        driver: DriverInfo | None,
+        gpus: Sequence[GpuSample],
+        series: Sequence[Sequence[tuple[float, Mapping[str, Any]]]],
+        clock: Clock = time.monotonic,
+        source: str = "<memory>",
+    ) -> None:
+        self._driver = driver
+        self._gpus = list(gpus)
+        self._series = [list(s) for s in series] + [[] for _ in range(len(gpus) - len(series))]
+        self._clock = clock
+        self._start = clock()
+        # Samples carry wall-clock timestamps like NVML's, advancing with the
+        # injected clock so a replay is deterministic.
+        self._wall_start = time.time()
+        self.source = source
+
+    @classmethod
+    def from_file(cls, path: str | Path, clock: Clock = time.monotonic) -> SimulatedBackend:
+        data = load_simulation_json(path)
+        return cls.from_dict(data, source=str(path), clock=clock)
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], source: str = "<memory>", clock: Clock = time.monotonic
+    ) -> SimulatedBackend:
+        parser = _Parser(source)
+        driver = parser.driver(data.get("driver", _MISSING))
+        if "gpus" not in data:
+            raise SimulationFileError(source, "gpus", "missing (use [] for a machine without GPUs)")
+        gpus_raw = data["gpus"]
+        if not isinstance(gpus_raw, list):
+            raise SimulationFileError(source, "gpus", "expected a list of GPUs")
+        if driver is None and gpus_raw:
+            raise SimulationFileError(source, "driver", "GPUs are listed but the driver is null")
+        gpus: list[GpuSample] = []
+        series: list[list[tuple[float, Mapping[str, Any]]]] = []
+        for i, raw in enumerate(gpus_raw):
+            gpu, steps = parser.gpu(i, raw)
+            gpus.append(gpu)
+            series.append(steps)
+        return cls(driver, gpus, series, clock=clock, source=source)
+
+    @property
+    def kind(self) -> str:
+        return "simulated"
+
+    @property
+    def absent_reason(self) -> str | None:
+        if self._driver is None:
+            return f"no NVIDIA driver (simulated by {self.source})"
+        return None
+
+    @property
+    def duration_s(self) -> float:
+        """Time of the last series entry over all GPUs (0 without a series)."""
+        return max((t for s in self._series for t, _ in s), default=0.0)
+
+    def driver(self) -> DriverInfo | None:
+        return self._driver
+
+    def device_count(self) -> int:
+        return len(self._gpus)
+
+    def sample(self, index: int) -> GpuSample:
+        if not 0 <= index < len(self._gpus):
+            raise IndexError(f"no GPU {index} in {self.source}")
+        elapsed = self._clock() - self._start
+        gpu = self._gpus[index]
+        for t, overrides in self._series[index]:
+            if t > elapsed:
+                break
+            gpu = _apply(gpu, overrides)
+        return replace(gpu, timestamp=self._wall_start + elapsed)
+
+    def close(self) -> None:
+        return None
+
+
+_MISSING: Any = object()
+
+
+def load_simulation_json(path: str | Path) -> dict[str, Any]:
+    """Read and parse a simulation file; errors name the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SimulationFileError(str(path), None, "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SimulationFileError(str(path), None, f"cannot be read ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SimulationFileError(
+            str(path), None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise SimulationFileError(str(path), None, "expected a JSON object at the top level")
+    return data
+
+
+def _apply(gpu: GpuSample, overrides: Mapping[str, Any]) -> GpuSample:
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in _GROUPS:
+            changes[key] = replace(getattr(gpu, key), **value)
+        else:
+            changes[key] = value
+    return replace(gpu, **changes)
+
+
+class _Parser:
+    """Validates a simulation document, naming the file and field on error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field: str | None, problem: str) -> SimulationFileError:
+        return SimulationFileError(self.source, field, problem)
+
+    def driver(self, raw: Any) -> DriverInfo | None:
+        if raw is _MISSING:
+            raise self.fail("driver", "missing (use null for a machine without a driver)")
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise self.fail("driver", "expected an object or null")
+        version = raw.get("version")
+        if version is not None and not isinstance(version, str):
+            raise self.fail("driver.version", 'expected a string such as "550.54.15"')
+        cuda = raw.get("cuda_version")
+        return DriverInfo(
+            version=version, cuda_version=self.version_pair("driver.cuda_version", cuda)
+        )
+
+    def version_pair(self, field: str, raw: Any) -> tuple[int, int] | None:
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            parts = raw.split(".")
+            if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]):
+                return int(parts[0]), int(parts[1])
+        if (
+            isinstance(raw, list)
+            and len(raw) == 2
+            and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in raw)
+        ):
+            return int(raw[0]), int(raw[1])
+        raise self.fail(field, f'expected "MAJOR.MINOR" or [major, minor], got {raw!r}')
+
+    def gpu(self, i: int, raw: Any) -> tuple[GpuSample, list[tuple[float, Mapping[str, Any]]]]:
+        where = f"gpus[{i}]"
+        if not isinstance(raw, dict):
+            raise self.fail(where, "expected an object")
+        for key in _REQUIRED:
+            if key not in raw or raw[key] is None:
+                raise self.fail(f"{where}.{key}", "missing (required)")
+        for key in ("name", "uuid"):
+            if not isinstance(raw[key], str):
+                raise self.fail(f"{where}.{key}", "expected a string")
+        unknown = sorted(set(raw) - _KNOWN_GPU_KEYS)
+        if unknown:
+            raise self.fail(f"{where}.{unknown[0]}", "unknown field")
+        fields = self.readings(where, {k: v for k, v in raw.items() if k != "series"})
+        gpu = GpuSample(timestamp=0.0, index=i, **fields)
+        self.check_consistent(where, gpu)
+        current = gpu
+        steps: list[tuple[float, Mapping[str, Any]]] = []
+        series = raw.get("series", [])
+        if not isinstance(series, list):
+            raise self.fail(f"{where}.series", 'expected a list of {"t": seconds, ...} entries')
+        last_t = -1.0
+        for j, entry in enumerate(series):
+            at = f"{where}.series[{j}]"
+            if not isinstance(entry, dict):
+                raise self.fail(at, "expected an object")
+            t = entry.get("t")
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+                raise self.fail(f"{at}.t", "expected seconds >= 0")
+            if t < last_t:
+                raise self.fail(f"{at}.t", "series entries must be in time order")
+            last_t = float(t)
+            rest = {k: v for k, v in entry.items() if k != "t"}
+            bad = sorted(set(rest) - (_KNOWN_GPU_KEYS - {"name", "uuid", "series"}))
+            if bad:
+                raise self.fail(f"{at}.{bad[0]}", "unknown or unchangeable field")
+            overrides = self.readings(at, rest, partial_groups=True)
+            current = _apply(current, overrides)
+            self.check_consistent(at, current)
+            steps.append((float(t), overrides))
+        return gpu, steps
+
+    def readings(
+        self, where: str, raw: Mapping[str, Any], partial_groups: bool = False
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            at = f"{where}.{key}"
+            if key in ("name", "uuid"):
+                out[key] = value
+            elif key == "clock_event_reasons":
+                out[key] = self.reasons(at, value)
+            elif key in _SCALARS:
+                out[key] = self.scalar(at, value, _SCALARS[key])
+            elif key in _GROUPS:
+                cls, spec = _GROUPS[key]
+                if not isinstance(value, dict):
+                    raise self.fail(at, "expected an object")
+                bad = sorted(set(value) - set(spec))
+                if bad:
+                    raise self.fail(f"{at}.{bad[0]}", "unknown field")
+                parsed = {k: self.scalar(f"{at}.{k}", v, spec[k]) for k, v in value.items()}
+                out[key] = parsed if partial_groups else cls(**parsed)
+            elif key == "processes":
+                out[key] = self.processes(at, value)
+            elif key == "compute_capability":
+                out[key] = self.version_pair(at, value)
+        return out
+
+    def scalar(self, at: str, value: Any, kinds: tuple[type, ...]) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.fail(at, f"expected {_kind_name(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            raise self.fail(at, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        if not math.isfinite(value):
+            raise self.fail(at, "must be a finite number")
+        if value < 0:
+            raise self.fail(at, "must not be negative")
+        if at.endswith("_pct") and value > 100:
+            raise self.fail(at, "a percentage must be within 0..100")
+        return value
+
+    def reasons(self, at: str, value: Any) -> int | None:
+        """NVML's bitmask as an integer, or a list of reason names (``"hw_slowdown"``)."""
+        if isinstance(value, list):
+            mask = ClockEventReason.NONE
+            for k, name in enumerate(value):
+                flag = _REASON_BY_NAME.get(name) if isinstance(name, str) else None
+                if flag is None:
+                    known = ", ".join(sorted(_REASON_BY_NAME))
+                    raise self.fail(f"{at}[{k}]", f"unknown reason {name!r} (known: {known})")
+                mask |= flag
+            return int(mask)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise self.fail(
+                at, 'expected an integer bitmask or a list of names such as ["hw_slowdown"]'
+            )
+        result = self.scalar(at, value, (int,))
+        return None if result is None else int(result)
+
+    def check_consistent(self, at: str, gpu: GpuSample) -> None:
+        """Readings that contradict each other, e.g. more memory used than exists."""
+        total, used = gpu.memory_total_bytes, gpu.memory_used_bytes
+        if total is not None and used is not None and used > total:
+            raise self.fail(
+                f"{at}.memory_used_bytes", f"{used} exceeds memory_total_bytes ({total})"
+            )
+
+    def processes(self, at: str, value: Any) -> tuple[GpuProcess, ...]:
+        if not isinstance(value, list):
+            raise self.fail(at, "expected a list of processes")
+        out = []
+        for k, p in enumerate(value):
+            pat = f"{at}[{k}]"
+            if not isinstance(p, dict):
+                raise self.fail(pat, "expected an object")
+            pid = p.get("pid")
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                raise self.fail(f"{pat}.pid", "expected a positive integer")
+            used = self.scalar(f"{pat}.used_memory_bytes", p.get("used_memory_bytes"), (int,))
+            user = p.get("user")
+            name = p.get("name")
+            if user is not None and not isinstance(user, str):
+                raise self.fail(f"{pat}.user", "expected a string")
+            if name is not None and not isinstance(name, str):
+                raise self.fail(f"{pat}.name", "expected a string")
+            out.append(GpuProcess(pid=pid, used_memory_bytes=used, user=user, name=name))
+        return tuple(out)
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    if kinds == _NUMBER:
+        return "a number"
+    if kinds == (int,):
+        return "an integer"
+    if kinds == (bool,):
+        return "true or false"
+    return " or ".join(k.__name__ for k in kinds)

@@ -1,0 +1,152 @@
+"""Typed GPU readings, as NVML gives them.
+
+Every field a GPU may not support is ``Optional``: ``None`` means "not
+supported or not readable on this GPU", never "zero". Units are in the names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntFlag
+
+
+class ClockEventReason(IntFlag):
+    """NVML's clock event (formerly "throttle") reason bits.
+
+    Values are NVML's ``nvmlClocksEventReason*`` constants.
+    """
+
+    NONE = 0
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process using a GPU.
+
+    Attributes:
+        pid: process id as NVML reports it (the host's pid namespace).
+        used_memory_bytes: GPU memory it holds, or ``None`` when hidden.
+        user: owner's user name when it could be resolved, else ``None``.
+        name: executable name when known.
+    """
+
+    pid: int
+    used_memory_bytes: int | None = None
+    user: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """PCIe link state of a GPU.
+
+    Attributes:
+        gen_current: link generation in use now (drops when idle to save power).
+        gen_max: highest generation the GPU *and its slot* support.
+        gen_gpu_max: highest generation the GPU itself supports.
+        width_current: lanes in use now.
+        width_max: lanes the GPU and slot support.
+        tx_kib_per_s / rx_kib_per_s: PCIe traffic over NVML's ~20 ms window.
+    """
+
+    gen_current: int | None = None
+    gen_max: int | None = None
+    gen_gpu_max: int | None = None
+    width_current: int | None = None
+    width_max: int | None = None
+    tx_kib_per_s: int | None = None
+    rx_kib_per_s: int | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """Row-remapping state (Ampere and newer)."""
+
+    correctable: int | None = None
+    uncorrectable: int | None = None
+    pending: bool | None = None
+    failure: bool | None = None
+
+
+@dataclass(frozen=True)
+class EccCounts:
+    """ECC error counters. Volatile counts reset at driver load; aggregate never."""
+
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU at one moment.
+
+    Attributes:
+        timestamp: seconds on the sampling clock (``time.time()`` for NVML).
+        index: NVML device index.
+        utilization_gpu_pct: share of the last sample period a kernel ran, 0..100.
+        utilization_memory_pct: share of time device memory was read or written.
+        clock_event_reasons: raw NVML bitmask, see :class:`ClockEventReason`.
+        compute_capability: ``(major, minor)``, e.g. ``(9, 0)`` for H100.
+        unreachable: why the driver could not reach this GPU at all (fallen off
+            the bus, lost), else ``None``; every reading is then ``None``.
+    """
+
+    timestamp: float
+    index: int
+    name: str
+    uuid: str
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    utilization_gpu_pct: float | None = None
+    utilization_memory_pct: float | None = None
+    temperature_c: float | None = None
+    temperature_slowdown_c: float | None = None
+    temperature_shutdown_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    clock_event_reasons: int | None = None
+    ecc: EccCounts = field(default_factory=EccCounts)
+    retired_pages_pending: bool | None = None
+    remapped_rows: RemappedRows = field(default_factory=RemappedRows)
+    pcie: PcieLink = field(default_factory=PcieLink)
+    processes: tuple[GpuProcess, ...] = ()
+    persistence_mode: bool | None = None
+    compute_capability: tuple[int, int] | None = None
+    unreachable: str | None = None
+
+    @property
+    def memory_free_bytes(self) -> int | None:
+        if self.memory_total_bytes is None or self.memory_used_bytes is None:
+            return None
+        return max(0, self.memory_total_bytes - self.memory_used_bytes)
+
+    @property
+    def reasons(self) -> ClockEventReason:
+        """The clock event reasons as flags (``NONE`` when unsupported)."""
+        return ClockEventReason(self.clock_event_reasons or 0)
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The NVIDIA driver.
+
+    Attributes:
+        version: driver version string, e.g. ``"550.54.15"``.
+        cuda_version: highest CUDA version the driver supports, ``(major, minor)``.
+    """
+
+    version: str | None
+    cuda_version: tuple[int, int] | None

@@ -1,0 +1,1 @@
+"""Facts and readings about the host machine (CPU, memory, disks, network)."""

@@ -1,0 +1,1 @@
+"""Rendering findings and runs for people (terminal, HTML) and machines (JSON, trace)."""
