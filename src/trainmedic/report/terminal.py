@@ -81,9 +81,7 @@ def render_findings(
     summary = Text("summary: ")
     summary.append(f"{counts[Severity.ERROR]} error(s)", style=SEVERITY_STYLE[Severity.ERROR])
     summary.append(", ")
-    summary.append(
-        f"{counts[Severity.WARNING]} warning(s)", style=SEVERITY_STYLE[Severity.WARNING]
-    )
+    summary.append(f"{counts[Severity.WARNING]} warning(s)", style=SEVERITY_STYLE[Severity.WARNING])
     summary.append(", ")
     summary.append(f"{counts[Severity.INFO]} info", style=SEVERITY_STYLE[Severity.INFO])
     console.print(summary)

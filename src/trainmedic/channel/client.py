@@ -1,0 +1,99 @@
+"""The probe's end of the channel: one connection, written from one thread.
+
+The probe's background thread owns the client; the training thread never
+touches the socket. Any error closes the client for good: a lost supervisor
+must cost the job nothing, so nothing is retried and nothing is raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+SEND_TIMEOUT_S = 5.0
+"""How long one send may block before the supervisor is considered gone, seconds."""
+
+
+def parse_address(address: str) -> tuple[int, str | tuple[str, int]]:
+    """``unix:/path`` -> ``(AF_UNIX, path)``; ``tcp:HOST:PORT`` -> ``(AF_INET, (host, port))``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    scheme, _, rest = address.partition(":")
+    if scheme == "unix" and rest:
+        return socket.AF_UNIX, rest
+    if scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit():
+            return socket.AF_INET, (host, int(port))
+    raise ValueError(f"not a channel address: {address!r}")
+
+
+class ChannelClient:
+    """A connection to the supervisor that fails quietly.
+
+    Attributes:
+        failed: the first error that closed the client, as text, else ``None``.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._sock: socket.socket | None = None
+        self.failed: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.failed is None
+
+    def connect(self) -> bool:
+        """Open the connection; ``False`` (and :attr:`failed` set) when that fails."""
+        if self._sock is not None:
+            return True
+        if self.failed is not None:
+            return False
+        try:
+            family, where = parse_address(self.address)
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.settimeout(SEND_TIMEOUT_S)
+            try:
+                sock.connect(where)
+            except BaseException:
+                sock.close()
+                raise
+        except (OSError, ValueError) as exc:
+            self.failed = f"connect to {self.address}: {exc}"
+            return False
+        self._sock = sock
+        return True
+
+    def send(self, data: bytes) -> bool:
+        """Send ``data`` whole; ``False`` when the connection is (now) broken."""
+        if not data:
+            return self.usable
+        if self._sock is None and not self.connect():
+            return False
+        assert self._sock is not None
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            self.failed = f"send: {exc}"
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def abandon(self) -> None:
+        """Forget the connection without telling the peer (in a forked child,
+        whose copy of the socket belongs to the parent's conversation)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            # Closing the child's descriptor leaves the parent's connection open.
+            with contextlib.suppress(OSError):
+                sock.close()
+        self.failed = None

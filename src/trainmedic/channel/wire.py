@@ -1,0 +1,258 @@
+"""The channel's messages and their one-line JSON form.
+
+Every line is a JSON object whose ``k`` names the kind. Records of the run
+(steps, loaders, loader activity, events) use the run record's JSON forms
+(:mod:`trainmedic.record.codec`) plus ``k``; the messages only the channel
+knows (hello, torch, heartbeat, bye) are defined here. The first line of a
+connection must be a hello carrying the run's token.
+
+Only the standard library and the record types are imported: the probe runs
+this inside every process of the job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainmedic.record import codec
+from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A process of the job introduces itself (first line of each connection).
+
+    Attributes:
+        role: ``process`` (started by exec), ``forked`` (a fork of a probed
+            process) or ``worker`` (a DataLoader worker).
+        rank / local_rank: distributed ranks from the environment, when set.
+        t: Unix time the probe started in this process, seconds.
+    """
+
+    pid: int
+    ppid: int
+    role: str
+    argv: tuple[str, ...]
+    rank: int | None
+    local_rank: int | None
+    python: str
+    executable: str
+    t: float
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    """The torch the process imported, sent once torch is loaded (and again
+    when CUDA becomes initialised).
+
+    Attributes:
+        cuda_version: CUDA toolkit of the build (``"12.4"``) or ``None``.
+        cudnn_version: cuDNN as an integer, when the process loaded it.
+        cuda_initialized: whether the job initialised CUDA (the probe never does).
+        devices: names of the CUDA devices, read only once CUDA is initialised.
+        arch_list: GPU architectures compiled in, read only once CUDA is initialised.
+    """
+
+    pid: int
+    t: float
+    version: str
+    cuda_version: str | None
+    cudnn_version: int | None
+    cuda_initialized: bool
+    devices: tuple[str, ...] = ()
+    arch_list: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Sign of life, about once a second, with what the main thread is doing.
+
+    Attributes:
+        steps: train steps marked so far in this process.
+        activity: where the training thread is: ``data`` (blocked on a loader),
+            ``forward``, ``backward``, ``optimizer`` or ``other``.
+        stack: innermost frames of the main thread, ``"file:line function"``,
+            innermost first.
+        cpu_s: CPU time of the process so far, seconds.
+    """
+
+    pid: int
+    t: float
+    steps: int
+    phase: str
+    activity: str
+    stack: tuple[str, ...]
+    cpu_s: float
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    """The process is exiting normally (sent from ``atexit``); ``exit_code`` when known."""
+
+    pid: int
+    t: float
+    exit_code: int | None = None
+
+
+ProbeMessage = (
+    Hello | TorchInfo | Heartbeat | Goodbye | StepRecord | LoaderInfo | LoaderActivity | RunEvent
+)
+
+
+def encode_message(message: ProbeMessage, token: str = "") -> bytes:
+    """One line (``\\n``-terminated UTF-8 JSON) for ``message``.
+
+    ``token`` is written into hello lines only.
+    """
+    obj: dict[str, Any]
+    if isinstance(message, StepRecord):
+        obj = codec.encode_step(message)
+        obj["k"] = "step"
+    elif isinstance(message, LoaderInfo):
+        obj = codec.encode_loader(message)
+        obj["k"] = "loader"
+    elif isinstance(message, LoaderActivity):
+        obj = codec.encode_loader_activity(message)
+        obj["k"] = "activity"
+    elif isinstance(message, RunEvent):
+        obj = codec.encode_event(message)
+        obj["k"] = "event"
+    elif isinstance(message, Heartbeat):
+        obj = {
+            "k": "hb",
+            "pid": message.pid,
+            "t": message.t,
+            "steps": message.steps,
+            "phase": message.phase,
+            "activity": message.activity,
+            "stack": list(message.stack),
+            "cpu_s": message.cpu_s,
+        }
+    elif isinstance(message, Hello):
+        obj = {
+            "k": "hello",
+            "token": token,
+            "pid": message.pid,
+            "ppid": message.ppid,
+            "role": message.role,
+            "argv": list(message.argv),
+            "rank": message.rank,
+            "local_rank": message.local_rank,
+            "python": message.python,
+            "executable": message.executable,
+            "t": message.t,
+        }
+    elif isinstance(message, TorchInfo):
+        obj = {
+            "k": "torch",
+            "pid": message.pid,
+            "t": message.t,
+            "version": message.version,
+            "cuda_version": message.cuda_version,
+            "cudnn_version": message.cudnn_version,
+            "cuda_initialized": message.cuda_initialized,
+            "devices": list(message.devices),
+            "arch_list": list(message.arch_list),
+        }
+    elif isinstance(message, Goodbye):
+        obj = {"k": "bye", "pid": message.pid, "t": message.t, "exit_code": message.exit_code}
+    else:  # pragma: no cover - the union is closed
+        raise TypeError(f"not a channel message: {type(message).__name__}")
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=repr)
+    return text.encode("utf-8") + b"\n"
+
+
+def decode_line(line: bytes) -> tuple[ProbeMessage, str | None]:
+    """The message on ``line`` and, for a hello, the token it carries.
+
+    Raises:
+        ValueError, KeyError, TypeError: the line is not a valid message.
+    """
+    obj = json.loads(line.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise TypeError("expected a JSON object")
+    kind = obj.pop("k")
+    if kind == "step":
+        return codec.decode_step(obj), None
+    if kind == "loader":
+        return codec.decode_loader(obj), None
+    if kind == "activity":
+        return codec.decode_loader_activity(obj), None
+    if kind == "event":
+        return codec.decode_event(obj), None
+    if kind == "hb":
+        return _heartbeat(obj), None
+    if kind == "hello":
+        return _hello(obj), _str(obj.get("token", ""))
+    if kind == "torch":
+        return _torch(obj), None
+    if kind == "bye":
+        return Goodbye(
+            pid=_int(obj["pid"]), t=float(obj["t"]), exit_code=_opt_int(obj.get("exit_code"))
+        ), None
+    raise ValueError(f"unknown message kind {kind!r}")
+
+
+def _heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
+    return Heartbeat(
+        pid=_int(obj["pid"]),
+        t=float(obj["t"]),
+        steps=_int(obj.get("steps", 0)),
+        phase=_str(obj.get("phase", "train")),
+        activity=_str(obj.get("activity", "other")),
+        stack=tuple(_str(s) for s in _list(obj.get("stack", []))),
+        cpu_s=float(obj.get("cpu_s", 0.0)),
+    )
+
+
+def _hello(obj: Mapping[str, Any]) -> Hello:
+    return Hello(
+        pid=_int(obj["pid"]),
+        ppid=_int(obj["ppid"]),
+        role=_str(obj["role"]),
+        argv=tuple(_str(a) for a in _list(obj.get("argv", []))),
+        rank=_opt_int(obj.get("rank")),
+        local_rank=_opt_int(obj.get("local_rank")),
+        python=_str(obj.get("python", "")),
+        executable=_str(obj.get("executable", "")),
+        t=float(obj["t"]),
+    )
+
+
+def _torch(obj: Mapping[str, Any]) -> TorchInfo:
+    cuda = obj.get("cuda_version")
+    return TorchInfo(
+        pid=_int(obj["pid"]),
+        t=float(obj["t"]),
+        version=_str(obj["version"]),
+        cuda_version=None if cuda is None else _str(cuda),
+        cudnn_version=_opt_int(obj.get("cudnn_version")),
+        cuda_initialized=bool(obj.get("cuda_initialized", False)),
+        devices=tuple(_str(d) for d in _list(obj.get("devices", []))),
+        arch_list=tuple(_str(a) for a in _list(obj.get("arch_list", []))),
+    )
+
+
+def _int(raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise TypeError(f"expected an integer, got {raw!r}")
+    return raw
+
+
+def _opt_int(raw: Any) -> int | None:
+    return None if raw is None else _int(raw)
+
+
+def _str(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise TypeError(f"expected a string, got {raw!r}")
+    return raw
+
+
+def _list(raw: Any) -> list[Any]:
+    if not isinstance(raw, list):
+        raise TypeError(f"expected a list, got {raw!r}")
+    return raw

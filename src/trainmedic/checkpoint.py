@@ -1,0 +1,661 @@
+"""Checkpoints that survive crashes: atomic, verified, pruned, safe to load.
+
+A training script saves and resumes with a :class:`Checkpointer`::
+
+    ckpt = trainmedic.Checkpointer("ckpt/", keep=3, every_seconds=600)
+    start = ckpt.load(model=model, optimizer=opt, scheduler=sched, scaler=scaler) or 0
+    for step in range(start + 1, total + 1):
+        ...
+        ckpt.maybe_save(step, model=model, optimizer=opt, scheduler=sched, scaler=scaler)
+
+The contract (docs/restarts.md, "Checkpointer"):
+
+- **Atomic.** Each checkpoint is a data file written to a temporary file in
+  the same directory, flushed, ``fsync``-ed and renamed into place, then a
+  small JSON manifest (the commit record) written the same way; the directory
+  is ``fsync``-ed after each rename. A crash at any moment leaves either the
+  whole checkpoint or none of it.
+- **Verified.** The manifest holds the SHA-256 and size of the data file;
+  :meth:`Checkpointer.load` checks both and falls back to the previous
+  checkpoint, with a :class:`CheckpointWarning`, when the newest is corrupt
+  or truncated. When checkpoints exist but none can be loaded it raises
+  :class:`~trainmedic.errors.CheckpointError` naming every file: it never
+  silently starts from scratch.
+- **Safe to load.** Data files are read with ``torch.load(weights_only=True)``;
+  RNG states are stored as tensors, lists and numbers so that the restricted
+  unpickler accepts them, and a file holding any other object is refused.
+- **Bounded.** The newest ``keep`` checkpoints (in save order) are kept.
+- **Private.** A directory it creates gets mode 0700; every file 0600.
+
+Only this module (and the probe) import torch, and only when a checkpoint is
+saved or loaded; ``import trainmedic`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from trainmedic.api import phase
+from trainmedic.errors import CheckpointError, UsageError
+
+CHECKPOINT_DIR_ENV = "TRAINMEDIC_CHECKPOINT_DIR"
+"""Default checkpoint directory when ``directory`` is not given.
+
+``trainmedic run`` sets it for the job so that a script using
+``Checkpointer()`` resumes across restarts without naming a directory.
+"""
+
+FORMAT = "trainmedic-checkpoint"
+FORMAT_VERSION = 1
+
+_NAME_RE = re.compile(r"^ckpt-(?P<seq>\d{6,})-step(?P<step>\d+)\.(?P<kind>pt|json)$")
+_TMP_PREFIX = ".ckpt-"
+_TMP_SUFFIX = ".tmp"
+_HASH_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (corrupt, truncated, refused) and an older one used."""
+
+
+class SupportsStateDict(Protocol):
+    """What a model, optimizer, scheduler or GradScaler offers."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed checkpoint as listed in the directory.
+
+    Attributes:
+        sequence: save order, 1 for the first checkpoint ever saved here.
+        step: the training step it was saved at.
+        manifest: path of the JSON manifest (the commit record).
+        data: path of the data file the manifest names.
+    """
+
+    sequence: int
+    step: int
+    manifest: Path
+    data: Path
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What :meth:`Checkpointer.load` restored.
+
+    Attributes:
+        step: the step the checkpoint was saved at.
+        sequence: its save order.
+        path: the data file.
+        extra: the ``extra`` dict given to :meth:`Checkpointer.save`.
+        skipped: ``(file, problem)`` for newer checkpoints that could not be used.
+    """
+
+    step: int
+    sequence: int
+    path: Path
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+class _Unusable(Exception):
+    """One checkpoint cannot be used; load falls back to an older one."""
+
+
+class Checkpointer:
+    """Saves and restores training state; see the module docstring for the contract.
+
+    Args:
+        directory: where checkpoints live; defaults to ``$TRAINMEDIC_CHECKPOINT_DIR``.
+            Created (mode 0700) on the first save; an existing directory keeps
+            its mode (files are 0600 either way).
+        keep: how many of the newest checkpoints to keep (at least 1).
+        every_steps: :meth:`maybe_save` saves when this many steps passed
+            since the last save (or the resumed step).
+        every_seconds: :meth:`maybe_save` saves when this many seconds passed
+            on ``clock`` since the last save (or since construction).
+        clock: monotonic clock in seconds; a seam for tests.
+
+    In a ``torch.distributed`` job only global rank 0 writes (the others
+    return ``None`` from :meth:`save`), and every rank may :meth:`load`.
+    Sharded states (FSDP) need ``torch.distributed.checkpoint`` instead.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        keep: int = 3,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if directory is None:
+            from_env = os.environ.get(CHECKPOINT_DIR_ENV, "").strip()
+            if not from_env:
+                raise UsageError(
+                    f"no checkpoint directory: pass directory= or set {CHECKPOINT_DIR_ENV}"
+                )
+            directory = from_env
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise UsageError(f"keep must be an integer >= 1, got {keep!r}")
+        if every_steps is not None and (
+            isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
+        ):
+            raise UsageError(f"every_steps must be an integer >= 1, got {every_steps!r}")
+        if every_seconds is not None and not every_seconds > 0:
+            raise UsageError(f"every_seconds must be > 0, got {every_seconds!r}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self._clock = clock
+        self._last_save_step = 0
+        self._last_save_time = clock()
+        self.resumed: LoadedCheckpoint | None = None
+        """The checkpoint the last successful :meth:`load` restored."""
+
+    # ----------------------------------------------------------------- listing
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Committed checkpoints (those with a manifest), newest first.
+
+        A data file without a manifest is an interrupted save and is not listed.
+        """
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise CheckpointError(
+                f"checkpoint directory {self.directory} is unreadable: {e.strerror}",
+                directory=str(self.directory),
+            ) from e
+        found = []
+        for name in names:
+            m = _NAME_RE.match(name)
+            if m and m["kind"] == "json":
+                stem = name[: -len(".json")]
+                found.append(
+                    CheckpointInfo(
+                        sequence=int(m["seq"]),
+                        step=int(m["step"]),
+                        manifest=self.directory / name,
+                        data=self.directory / f"{stem}.pt",
+                    )
+                )
+        found.sort(key=lambda c: c.sequence, reverse=True)
+        return found
+
+    # ------------------------------------------------------------------ saving
+
+    def maybe_save(
+        self,
+        step: int,
+        *,
+        model: SupportsStateDict | None = None,
+        optimizer: SupportsStateDict | None = None,
+        scheduler: SupportsStateDict | None = None,
+        scaler: SupportsStateDict | None = None,
+        extra: Mapping[str, Any] | None = None,
+        rng: bool = True,
+    ) -> Path | None:
+        """Save when ``every_steps`` or ``every_seconds`` says one is due.
+
+        Returns the data file written, or ``None`` when no save was due (or
+        this is not rank 0). Raises :class:`~trainmedic.errors.UsageError`
+        when neither interval was configured.
+        """
+        if self.every_steps is None and self.every_seconds is None:
+            raise UsageError("maybe_save needs every_steps or every_seconds on the Checkpointer")
+        due = (
+            self.every_steps is not None and step - self._last_save_step >= self.every_steps
+        ) or (
+            self.every_seconds is not None
+            and self._clock() - self._last_save_time >= self.every_seconds
+        )
+        if not due:
+            return None
+        return self.save(
+            step,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            extra=extra,
+            rng=rng,
+        )
+
+    def save(
+        self,
+        step: int,
+        *,
+        model: SupportsStateDict | None = None,
+        optimizer: SupportsStateDict | None = None,
+        scheduler: SupportsStateDict | None = None,
+        scaler: SupportsStateDict | None = None,
+        extra: Mapping[str, Any] | None = None,
+        rng: bool = True,
+    ) -> Path | None:
+        """Write a checkpoint for ``step`` now; return its data file.
+
+        ``extra`` holds anything else to restore (epoch, sampler position,
+        metrics): plain numbers, strings, bytes, lists, tuples, dicts and
+        tensors only, because loading uses ``weights_only=True``; anything
+        else raises :class:`~trainmedic.errors.UsageError` before writing.
+        Returns ``None`` on ranks other than 0 of a distributed job.
+        """
+
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise UsageError(f"step must be an integer >= 0, got {step!r}")
+        extra_dict = dict(extra or {})
+        _check_weights_only_safe(extra_dict, "extra")
+        if _is_nonzero_rank():
+            # Keep the same schedule as rank 0, which does write.
+            self._last_save_step = step
+            self._last_save_time = self._clock()
+            return None
+        # Under `trainmedic run` the watchdog then gives the write the
+        # checkpoint phase's bound instead of counting it as a slow step.
+        with phase("checkpoint"):
+            return self._save_now(step, model, optimizer, scheduler, scaler, extra_dict, rng)
+
+    def _save_now(
+        self,
+        step: int,
+        model: SupportsStateDict | None,
+        optimizer: SupportsStateDict | None,
+        scheduler: SupportsStateDict | None,
+        scaler: SupportsStateDict | None,
+        extra_dict: dict[str, Any],
+        rng: bool,
+    ) -> Path:
+        import torch
+
+        payload: dict[str, Any] = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "model": None if model is None else model.state_dict(),
+            "optimizer": None if optimizer is None else optimizer.state_dict(),
+            "scheduler": None if scheduler is None else scheduler.state_dict(),
+            "scaler": None if scaler is None else scaler.state_dict(),
+            "rng": _capture_rng() if rng else None,
+            "extra": extra_dict,
+        }
+        self._ensure_directory()
+        sequence = self._next_sequence()
+        stem = f"ckpt-{sequence:06d}-step{step}"
+        data_path, size, digest = _write_atomic(
+            self.directory, f"{stem}.pt", lambda f: torch.save(payload, f)
+        )
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "sequence": sequence,
+            "step": step,
+            "data_file": data_path.name,
+            "size_bytes": size,
+            "sha256": digest,
+            "created_at": time.time(),
+            "torch_version": str(torch.__version__),
+            "contents": sorted(
+                k
+                for k in ("model", "optimizer", "scheduler", "scaler", "rng")
+                if payload[k] is not None
+            ),
+        }
+        manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        _write_atomic(self.directory, f"{stem}.json", lambda f: f.write(manifest_bytes))
+        self._last_save_step = step
+        self._last_save_time = self._clock()
+        self._prune(sequence)
+        return data_path
+
+    def _ensure_directory(self) -> None:
+        if self.directory.is_dir():
+            return
+        try:
+            self.directory.mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            return
+        # mkdir's mode is filtered by the umask; the directory must be private.
+        os.chmod(self.directory, 0o700)
+        _fsync_directory(self.directory.parent)
+
+    def _next_sequence(self) -> int:
+        highest = 0
+        for name in os.listdir(self.directory):
+            m = _NAME_RE.match(name)
+            if m:
+                highest = max(highest, int(m["seq"]))
+        return highest + 1
+
+    def _prune(self, newest: int) -> None:
+        """Keep the newest ``keep`` committed checkpoints; drop interrupted saves."""
+        committed = self.checkpoints()
+        keep_seqs = {c.sequence for c in committed[: self.keep]} | {newest}
+        stale = []
+        for name in os.listdir(self.directory):
+            m = _NAME_RE.match(name)
+            if (m is not None and int(m["seq"]) not in keep_seqs) or (
+                name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX)
+            ):
+                stale.append(name)
+        # Manifests before data files: a crash in between must never leave a
+        # committed manifest whose data file is gone.
+        stale.sort(key=lambda n: not n.endswith(".json"))
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.directory / name)
+        if stale:
+            _fsync_directory(self.directory)
+
+    # ----------------------------------------------------------------- loading
+
+    def load(
+        self,
+        *,
+        model: SupportsStateDict | None = None,
+        optimizer: SupportsStateDict | None = None,
+        scheduler: SupportsStateDict | None = None,
+        scaler: SupportsStateDict | None = None,
+        rng: bool = True,
+        strict: bool = True,
+        map_location: Any = "cpu",
+    ) -> int | None:
+        """Restore the newest loadable checkpoint into the given objects.
+
+        Returns the step it was saved at, or ``None`` when the directory holds
+        no checkpoint (a fresh start). A corrupt, truncated or refused newest
+        checkpoint is skipped with a :class:`CheckpointWarning` and an older
+        one used. Raises :class:`~trainmedic.errors.CheckpointError` when
+        checkpoints exist but none can be loaded, or when the one loaded lacks
+        a state that was asked for or does not fit the model.
+
+        ``strict`` is passed to ``model.load_state_dict``; ``map_location`` to
+        ``torch.load`` (CPU by default: ``load_state_dict`` copies to the
+        parameters' devices).
+        """
+        candidates = self.checkpoints()
+        if not candidates:
+            return None
+        with phase("checkpoint"):
+            return self._load_newest(
+                candidates, model, optimizer, scheduler, scaler, rng, strict, map_location
+            )
+
+    def _load_newest(
+        self,
+        candidates: list[CheckpointInfo],
+        model: SupportsStateDict | None,
+        optimizer: SupportsStateDict | None,
+        scheduler: SupportsStateDict | None,
+        scaler: SupportsStateDict | None,
+        rng: bool,
+        strict: bool,
+        map_location: Any,
+    ) -> int:
+        problems: list[tuple[str, str]] = []
+        for info in candidates:
+            try:
+                payload = _read_verified(info, map_location)
+            except _Unusable as e:
+                problems.append((info.data.name, str(e)))
+                continue
+            for name, problem in problems:
+                warnings.warn(
+                    f"checkpoint {self.directory / name} skipped: {problem}; "
+                    f"resuming from {info.data.name} (step {info.step})",
+                    CheckpointWarning,
+                    stacklevel=3,
+                )
+            _restore(payload, info, model, optimizer, scheduler, scaler, rng, strict)
+            self.resumed = LoadedCheckpoint(
+                step=info.step,
+                sequence=info.sequence,
+                path=info.data,
+                extra=payload["extra"],
+                skipped=tuple(problems),
+            )
+            self._last_save_step = info.step
+            return info.step
+        listing = "; ".join(f"{name}: {problem}" for name, problem in problems)
+        raise CheckpointError(
+            f"no loadable checkpoint in {self.directory} ({len(problems)} tried): {listing}",
+            directory=str(self.directory),
+            problems=tuple(problems),
+        )
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _write_atomic(
+    directory: Path, name: str, write: Callable[[IO[bytes]], Any]
+) -> tuple[Path, int, str]:
+    """Write ``name`` in ``directory`` atomically; return (path, size, sha256 hex)."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{name}.", suffix=_TMP_SUFFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "w+b") as f:  # mkstemp creates the file with mode 0600
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+            f.seek(0)
+            digest = hashlib.sha256()
+            while chunk := f.read(_HASH_CHUNK_BYTES):
+                digest.update(chunk)
+        final = directory / name
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(directory)
+    return final, size, digest.hexdigest()
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make renames and unlinks in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_verified(info: CheckpointInfo, map_location: Any) -> dict[str, Any]:
+    """Check the manifest against the data file, then load it with weights_only."""
+    import pickle
+
+    import torch
+
+    try:
+        manifest = json.loads(info.manifest.read_bytes())
+    except (OSError, ValueError) as e:
+        raise _Unusable(f"manifest unreadable ({e})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _Unusable("manifest is not a trainmedic checkpoint manifest")
+    expected_size = manifest.get("size_bytes")
+    expected_sha = manifest.get("sha256")
+    if manifest.get("data_file") != info.data.name or not isinstance(expected_sha, str):
+        raise _Unusable("manifest does not name this data file with a sha256")
+    try:
+        size = info.data.stat().st_size
+        if size != expected_size:
+            raise _Unusable(f"truncated or grown: {size} bytes, manifest says {expected_size}")
+        digest = hashlib.sha256()
+        with open(info.data, "rb") as f:
+            while chunk := f.read(_HASH_CHUNK_BYTES):
+                digest.update(chunk)
+    except FileNotFoundError as e:
+        raise _Unusable("data file missing") from e
+    except OSError as e:
+        raise _Unusable(f"data file unreadable ({e.strerror})") from e
+    if digest.hexdigest() != expected_sha:
+        raise _Unusable("sha256 mismatch: the data file is corrupt")
+    try:
+        payload = torch.load(info.data, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise _Unusable(f"refused by torch.load(weights_only=True): {first_line}") from e
+    except Exception as e:  # torch raises RuntimeError, EOFError, zip errors, ...
+        raise _Unusable(f"torch.load failed: {type(e).__name__}: {e}") from e
+    if (
+        not isinstance(payload, dict)
+        or payload.get("format") != FORMAT
+        or payload.get("step") != info.step
+    ):
+        raise _Unusable("data file content does not match its manifest")
+    return payload
+
+
+def _restore(
+    payload: Mapping[str, Any],
+    info: CheckpointInfo,
+    model: SupportsStateDict | None,
+    optimizer: SupportsStateDict | None,
+    scheduler: SupportsStateDict | None,
+    scaler: SupportsStateDict | None,
+    rng: bool,
+    strict: bool,
+) -> None:
+    import torch
+
+    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    for name, target in parts.items():
+        if target is None:
+            continue
+        state = payload.get(name)
+        if state is None:
+            raise CheckpointError(
+                f"checkpoint {info.data} has no {name} state, but a {name} was given to load()",
+                directory=str(info.data.parent),
+            )
+        try:
+            if name == "model" and isinstance(target, torch.nn.Module):
+                target.load_state_dict(state, strict=strict)
+            else:
+                target.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(
+                f"checkpoint {info.data}: the saved {name} state does not fit: {first_line}",
+                directory=str(info.data.parent),
+            ) from e
+    if rng and payload.get("rng") is not None:
+        _restore_rng(payload["rng"])
+
+
+def _is_nonzero_rank() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return False
+    try:
+        return bool(dist.is_available() and dist.is_initialized() and dist.get_rank() != 0)
+    except (RuntimeError, ValueError):
+        return False
+
+
+def _capture_rng() -> dict[str, Any]:
+    """RNG states as values the weights_only unpickler accepts (lists, tensors, numbers)."""
+    import torch
+
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+        "torch_cpu": torch.get_rng_state(),
+    }
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np_state = np.random.get_state(legacy=True)
+        if isinstance(np_state, tuple):
+            name, keys, pos, has_gauss, cached = np_state
+            state["numpy"] = {
+                "name": str(name),
+                "keys": [int(k) for k in keys],
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def _restore_rng(state: Mapping[str, Any]) -> None:
+    import torch
+
+    py = state.get("python")
+    if py is not None:
+        random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    if state.get("torch_cpu") is not None:
+        torch.set_rng_state(state["torch_cpu"])
+    np_state = state.get("numpy")
+    if np_state is not None:
+        _restore_numpy_rng(np_state)
+    cuda_states = state.get("torch_cuda")
+    if cuda_states and torch.cuda.is_available():
+        # After a GPU was excluded there may be fewer devices than were saved.
+        for index in range(min(len(cuda_states), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(cuda_states[index], index)
+
+
+def _restore_numpy_rng(np_state: Mapping[str, Any]) -> None:
+    try:
+        import numpy as np
+    except ImportError:  # saved where numpy was imported, resumed where it is not installed
+        return
+    np.random.set_state(
+        (
+            np_state["name"],
+            np.asarray(np_state["keys"], dtype=np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+
+
+def _check_weights_only_safe(value: Any, where: str) -> None:
+    """Raise UsageError naming the first value ``torch.load(weights_only=True)`` would refuse."""
+    import torch
+
+    if value is None or type(value) in (bool, int, float, complex, str, bytes, bytearray):
+        return
+    if isinstance(value, (torch.Tensor, torch.Size, torch.dtype, torch.device)):
+        return
+    if type(value) in (list, tuple, set):
+        for i, item in enumerate(value):
+            _check_weights_only_safe(item, f"{where}[{i}]")
+        return
+    if type(value) in (dict, OrderedDict):
+        for key, item in value.items():
+            _check_weights_only_safe(key, f"{where} key {key!r}")
+            _check_weights_only_safe(item, f"{where}[{key!r}]")
+        return
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    raise UsageError(
+        f"{where}: a {kind} cannot be loaded with torch.load(weights_only=True); "
+        "store plain numbers, strings, lists, dicts or tensors (numpy: .tolist() or "
+        "torch.from_numpy())"
+    )

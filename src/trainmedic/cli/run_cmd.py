@@ -1,0 +1,150 @@
+"""``trainmedic run -- CMD ...``: run a training command under supervision and diagnose it.
+
+The job's output, exit code and Ctrl-C behave as without trainmedic; the run
+record, ``findings.json`` and ``report.html`` go to the run directory, and a
+summary with the findings is printed to stderr at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
+from trainmedic.errors import UsageError
+from trainmedic.findings.model import Finding, FindingsDocument
+
+FINDINGS_FILE = "findings.json"
+HTML_FILE = "report.html"
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--out",
+    metavar="DIR",
+    default=None,
+    help="Run directory (new or empty). Default: ./trainmedic-runs/<time>-<name>/.",
+)
+@simulate_option
+@click.option("--quiet", "-q", is_flag=True, help="No live status while the job runs.")
+@click.option("--no-html", is_flag=True, help="Do not write report.html.")
+@click.option(
+    "--no-probe",
+    is_flag=True,
+    help="Load nothing into the job: watch only its processes, the host and the GPUs.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(FAIL_ON_CHOICES),
+    default="never",
+    show_default=True,
+    help="Exit 1 when the job succeeded but a finding reaches this severity.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def run(
+    out: str | None,
+    simulate: str | None,
+    quiet: bool,
+    no_html: bool,
+    no_probe: bool,
+    fail_on: str,
+    command: tuple[str, ...],
+) -> int:
+    """Run CMD (python train.py, python -m pkg.train, torchrun ..., any program)
+    under supervision: its output passes through unchanged, its exit code is
+    trainmedic's, and the run is diagnosed when it ends."""
+    from trainmedic.simulation import load_simulation
+    from trainmedic.supervise.rundir import default_run_dir, prepare_run_dir
+    from trainmedic.supervise.session import RunOptions, RunSession
+
+    argv = tuple(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given (usage: trainmedic run [OPTIONS] -- CMD [ARGS]...)")
+    if simulate is not None:
+        load_simulation(simulate)  # a bad file is refused before anything runs
+    run_dir = Path(out) if out else default_run_dir(argv)
+    created = prepare_run_dir(run_dir)
+    options = RunOptions(
+        argv=argv,
+        run_dir=run_dir,
+        simulate=simulate,
+        live="off" if quiet else "auto",
+        probe=not no_probe,
+        created_dir=created,
+    )
+    outcome = RunSession(options).run()
+    findings = _diagnose_and_report(run_dir, outcome, write_html=not no_html)
+    if outcome.exit_status == 0 and findings is not None:
+        return exit_code_for(findings, fail_on)
+    return outcome.exit_status
+
+
+def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> list[Finding] | None:
+    """Diagnose the closed record, write findings.json and report.html, print the summary.
+
+    Any failure here is reported in one line: the job's exit code must still
+    come out of ``trainmedic run``.
+    """
+    console = Console(file=sys.stderr, highlight=False)
+    try:
+        from trainmedic.diagnose import diagnose_run
+        from trainmedic.record.stats import summarize
+        from trainmedic.record.store import load_run_record
+        from trainmedic.report.run_summary import render_run_summary
+        from trainmedic.report.terminal import render_findings
+
+        record = load_run_record(run_dir)
+        findings = diagnose_run(record, getattr(outcome, "machine", None))
+        document = FindingsDocument.build(
+            "run",
+            findings,
+            created_at=time.time(),
+            context={
+                "run_id": record.meta.run_id,
+                "command": list(record.meta.command),
+                "exit_code": record.meta.exit_code,
+                "run_dir": str(run_dir),
+            },
+        )
+        _write_private(run_dir / FINDINGS_FILE, json.dumps(document.to_dict(), indent=2) + "\n")
+        if write_html:
+            from trainmedic.report.html import write_html_report
+
+            html = run_dir / HTML_FILE
+            write_html_report(record, list(document.findings), html)
+            os.chmod(html, 0o600)
+        console.print()
+        render_run_summary(console, record.meta, summarize(record))
+        console.print()
+        render_findings(console, list(document.findings), "findings")
+        where = run_dir / HTML_FILE if write_html else run_dir
+        console.print(f"\nreport: {where}", soft_wrap=True, markup=False)
+        return list(document.findings)
+    except Exception as exc:
+        console.print(
+            f"trainmedic: error: the run was recorded in {run_dir} but could not be "
+            f"diagnosed: {type(exc).__name__}: {' '.join(str(exc).split())}",
+            highlight=False,
+            markup=False,
+        )
+        return None
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+COMMAND = run

@@ -1,0 +1,61 @@
+"""Diagnosis of a run: pure rules from a run record (and doctor's facts) to ranked findings.
+
+Each rule is a pure function ``(RunView, Thresholds) -> list[Finding]`` in the
+module of its family; :data:`RULES` lists them in the order they run and
+:func:`diagnose_run` applies them, adds the overall verdict
+(``run.healthy`` / ``run.no_steps``) and ranks the result. Thresholds and
+their reasons: docs/diagnosis.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from trainmedic.diagnose.contention import cpu_contention, gpu_contention
+from trainmedic.diagnose.hardware import hardware_faults
+from trainmedic.diagnose.healthy import overall
+from trainmedic.diagnose.input_bound import input_bound, shm_too_small
+from trainmedic.diagnose.memory import memory_pressure
+from trainmedic.diagnose.precision import no_mixed_precision
+from trainmedic.diagnose.stalls import stalls
+from trainmedic.diagnose.thermal import throttling
+from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from trainmedic.diagnose.utilization import host_overhead, small_batch
+from trainmedic.diagnose.view import RunView
+from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.model import Finding, rank_findings
+from trainmedic.record.types import RunRecord
+
+Rule = Callable[[RunView, Thresholds], Sequence[Finding]]
+
+RULES: tuple[Rule, ...] = (
+    input_bound,
+    shm_too_small,
+    host_overhead,
+    small_batch,
+    no_mixed_precision,
+    memory_pressure,
+    gpu_contention,
+    cpu_contention,
+    throttling,
+    hardware_faults,
+    stalls,
+)
+
+
+def diagnose_run(
+    record: RunRecord,
+    machine: MachineFacts | None = None,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    rules: Sequence[Rule] = RULES,
+) -> list[Finding]:
+    """Findings about ``record``, most important first (:func:`rank_findings`)."""
+    view = RunView.of(record, machine)
+    findings: list[Finding] = []
+    for rule in rules:
+        findings.extend(rule(view, thresholds))
+    findings.extend(overall(view, thresholds, findings))
+    return rank_findings(findings)
+
+
+__all__ = ["DEFAULT_THRESHOLDS", "RULES", "Rule", "RunView", "Thresholds", "diagnose_run"]

@@ -1,0 +1,92 @@
+"""Every number the run rules judge by, in one place (reasons in docs/diagnosis.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Limits of the run rules. Shares are 0..1 of steady step time unless named otherwise.
+
+    Attributes:
+        min_steady_steps: fewer steady steps than this and no timing rule judges.
+        data_wait_warning_share / data_wait_error_share: data wait (exposed, see
+            docs) at which input-bound training is a warning / an error.
+        cpu_saturated_share: job CPU at or above this share of the usable cores
+            means the job has no spare core.
+        cpu_idle_share: job CPU at or below this share of the usable cores means
+            cores sit idle.
+        activity_dominant_share: a loader state (file read, socket wait,
+            transform) is the cause when it holds this share of busy samples.
+        activity_min_samples: fewer busy stack samples than this are not judged.
+        iowait_high_pct: host iowait (percent of all CPU time) that points at storage.
+        net_recv_high_bytes_per_s: receive rate that points at data over the network.
+        others_cpu_share: others' CPU at or above this share of the usable cores
+            (and at least one core) competes with the job.
+        system_cpu_busy_pct: whole-machine CPU at which there is no slack left.
+        max_recommended_workers: upper bound of the ``num_workers`` we suggest.
+        shm_min_bytes: a ``/dev/shm`` smaller than this is too small for workers.
+        gpu_util_low_pct / gpu_util_high_pct: GPU utilization (mean over the
+            job's GPUs) under which the GPU is under-used / above which it is the
+            bottleneck.
+        gpu_loaded_util_pct: a GPU reading counts as "under load" at this utilization
+            (doctor's value).
+        small_batch_samples: samples per step at or below this are a small batch.
+        gpu_memory_low_share: GPU memory used at or below this share is little.
+        memory_near_full_share: reserved or used memory at this share of the GPU is full.
+        foreign_gpu_min_share: share of run time a foreign process must be on a
+            job GPU to be reported.
+        throttle_error_share: share of the run's time throttled at which a hard
+            throttle becomes an error.
+        power_cap_min_share: share of the run's time a power cap must hold clocks
+            down to be reported.
+        power_cap_clock_ratio: SM clock under this share of its maximum is "well
+            below" (doctor's value).
+        temperature_margin_c: loaded temperature this close to slowdown is a warning.
+        stall_factor / stall_floor_s: a stall is a step longer than both
+            ``stall_factor`` x median and ``stall_floor_s`` seconds.
+        stall_warning_share: stalls costing this share of steady time are a warning ...
+        stall_single_warning_s: ... when repeated, or one lasted this long, seconds.
+        stall_data_share: a stall with at least this share of data wait is a data stall.
+        autocast_off_share: share of steps without autocast to call a run full precision.
+        mixed_precision_gain: share of GPU-busy time bf16 autocast typically saves.
+    """
+
+    min_steady_steps: int = 5
+    data_wait_warning_share: float = 0.20
+    data_wait_error_share: float = 0.50
+    cpu_saturated_share: float = 0.85
+    cpu_idle_share: float = 0.50
+    activity_dominant_share: float = 0.40
+    activity_min_samples: int = 20
+    iowait_high_pct: float = 10.0
+    net_recv_high_bytes_per_s: float = 10 * MIB
+    others_cpu_share: float = 0.25
+    system_cpu_busy_pct: float = 85.0
+    max_recommended_workers: int = 16
+    shm_min_bytes: int = 1 * GIB
+    gpu_util_low_pct: float = 50.0
+    gpu_util_high_pct: float = 80.0
+    gpu_loaded_util_pct: float = 50.0
+    small_batch_samples: int = 32
+    gpu_memory_low_share: float = 0.30
+    memory_near_full_share: float = 0.95
+    foreign_gpu_min_share: float = 0.05
+    throttle_error_share: float = 0.25
+    power_cap_min_share: float = 0.10
+    power_cap_clock_ratio: float = 0.85
+    temperature_margin_c: float = 5.0
+    stall_factor: float = 5.0
+    stall_floor_s: float = 1.0
+    stall_warning_share: float = 0.05
+    stall_single_warning_s: float = 10.0
+    stall_data_share: float = 0.5
+    autocast_off_share: float = 0.9
+    mixed_precision_gain: float = 0.4
+
+
+DEFAULT_THRESHOLDS = Thresholds()

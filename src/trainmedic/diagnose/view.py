@@ -1,0 +1,299 @@
+"""One derived view over a run record, computed once and shared by every rule.
+
+The view answers the questions many rules ask (which processes and GPUs are
+the job's, how many cores it may use, how busy its GPUs were, which loader is
+the training loader) so each rule stays a short function of the view and the
+thresholds. It does no I/O and never changes the record.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from trainmedic.doctor.facts import MachineFacts
+from trainmedic.gpu.types import GpuSample
+from trainmedic.record.stats import (
+    RunSummary,
+    StepSpan,
+    StepSplit,
+    all_spans,
+    job_pids,
+    looks_unused,
+    readings_in,
+    split_steps,
+    summarize,
+    weighted_quantile,
+)
+from trainmedic.record.types import HostSample, LoaderInfo, RunRecord, StepRecord
+
+Interval = tuple[float, float]
+
+#: loader states that do work; ``idle`` and ``ipc_wait`` only say someone else is slow.
+BUSY_STATES = ("transform", "file_read", "socket_wait", "other")
+
+
+@dataclass
+class RunView:
+    """A run record with the facts rules share (build with :meth:`of`)."""
+
+    record: RunRecord
+    machine: MachineFacts | None
+    summary: RunSummary
+    split: StepSplit
+    pids: frozenset[int]
+
+    @classmethod
+    def of(cls, record: RunRecord, machine: MachineFacts | None = None) -> RunView:
+        split = split_steps(all_spans(record))
+        return cls(record, machine, summarize(record), split, job_pids(record))
+
+    # --- steps ----------------------------------------------------------------------------
+
+    @property
+    def steady(self) -> tuple[StepSpan, ...]:
+        return self.split.steady
+
+    @property
+    def steady_steps(self) -> list[StepRecord]:
+        """The exact (not folded) steady train steps."""
+        return [s.step for s in self.split.steady if s.step is not None]
+
+    @cached_property
+    def steady_time_s(self) -> float:
+        """Sum of steady step durations over all processes, seconds."""
+        return sum(s.duration_s for s in self.steady)
+
+    @cached_property
+    def concurrent_processes(self) -> int:
+        """Most training processes stepping at the same time (ranks on this host), >= 1."""
+        bounds: dict[int, list[float]] = {}
+        for s in self.steady:
+            b = bounds.setdefault(s.pid, [s.t_start, s.t_end])
+            b[0], b[1] = min(b[0], s.t_start), max(b[1], s.t_end)
+        edges = sorted([(a, 1) for a, _ in bounds.values()] + [(b, -1) for _, b in bounds.values()])
+        best = running = 0
+        for _, delta in edges:
+            running += delta
+            best = max(best, running)
+        return max(1, best)
+
+    # --- host -----------------------------------------------------------------------------
+
+    @cached_property
+    def usable_cores(self) -> float | None:
+        """Cores the job may use: host samples, else doctor's facts."""
+        if self.summary.usable_cores:
+            return self.summary.usable_cores
+        if self.machine is not None:
+            return self.machine.host.cpu.usable_cores
+        return None
+
+    @cached_property
+    def job_user(self) -> str | None:
+        """The user running the job: doctor's facts, else the run's recorded environment."""
+        if self.machine is not None:
+            return self.machine.host.user
+        env = self.record.meta.environment
+        host = env.get("host")
+        for user in (host.get("user") if isinstance(host, dict) else None, env.get("user")):
+            if isinstance(user, str):
+                return user
+        return None
+
+    @cached_property
+    def steady_host(self) -> list[HostSample]:
+        """Host samples inside the steady part (all of them when none fall inside)."""
+        return readings_in(self.record.host, self.window, lambda h: h.t)
+
+    @property
+    def window(self) -> Interval | None:
+        s = self.summary
+        if s.steady_start_t is None or s.steady_end_t is None:
+            return None
+        return (s.steady_start_t, s.steady_end_t)
+
+    # --- loaders --------------------------------------------------------------------------
+
+    @cached_property
+    def train_loaders(self) -> list[LoaderInfo]:
+        """One loader per process: the one over the largest dataset, else the first made.
+
+        Evaluation sets are smaller than training sets, and a script builds its
+        training loader first far more often than not.
+        """
+        by_pid: dict[int, list[LoaderInfo]] = {}
+        for lo in sorted(self.record.loaders, key=lambda lo: lo.t):
+            by_pid.setdefault(lo.pid, []).append(lo)
+        chosen = []
+        for pid in sorted(by_pid):
+            loaders = by_pid[pid]
+            sized = [lo for lo in loaders if lo.dataset_len]
+            chosen.append(max(sized, key=lambda lo: lo.dataset_len or 0) if sized else loaders[0])
+        return chosen
+
+    @cached_property
+    def num_workers(self) -> int | None:
+        """Fewest workers of any process's training loader, or ``None`` without loaders."""
+        return min((lo.num_workers for lo in self.train_loaders), default=None)
+
+    def activity(self, window: Interval | None = None) -> Counter[str]:
+        """Loader stack samples per state, over the run or records timed inside ``window``."""
+        total: Counter[str] = Counter()
+        for a in self.record.loader_activity:
+            if window is None or window[0] <= a.t <= window[1]:
+                total.update({k: v for k, v in a.counts.items() if v > 0})
+        return total
+
+    # --- GPUs -----------------------------------------------------------------------------
+
+    @cached_property
+    def uses_gpu(self) -> bool | None:
+        """Whether the job runs on a GPU.
+
+        ``True`` with CUDA readings in its steps or a job pid in a GPU's process
+        list; ``False`` without GPU readings, or when every GPU sat empty (no job
+        process, :func:`~trainmedic.record.stats.looks_unused` readings);
+        ``None`` when it cannot be told (a simulated GPU, or pids from another
+        namespace), and rules then judge the GPUs.
+        """
+        steps = self.record.steps
+        if any(
+            s.gpu_time_s is not None or s.reserved_peak_bytes is not None or s.alloc_peak_bytes
+            for s in steps
+        ) or any(w.gpu_time_sum_s is not None for w in self.record.windows):
+            return True
+        if any(p.pid in self.pids for g in self.record.gpu for p in g.processes):
+            return True
+        if all(looks_unused(g) for g in self.record.gpu):
+            return False
+        return None
+
+    @cached_property
+    def job_gpu_indices(self) -> tuple[int, ...]:
+        """GPUs a job process appears on; when none can be matched, every GPU that
+        does not sit empty (see :attr:`uses_gpu`), else all GPUs."""
+        if self.uses_gpu is False:
+            return ()
+        matched = {g.index for g in self.record.gpu if any(p.pid in self.pids for p in g.processes)}
+        if matched:
+            return tuple(sorted(matched))
+        busy = {g.index for g in self.record.gpu if not looks_unused(g)}
+        return tuple(sorted(busy or {g.index for g in self.record.gpu}))
+
+    def gpu_series(self, index: int, *, steady_only: bool = True) -> list[GpuSample]:
+        """Readings of one GPU in time order (within the steady part when asked and possible)."""
+        series = sorted((g for g in self.record.gpu if g.index == index), key=lambda g: g.timestamp)
+        if steady_only:
+            return readings_in(series, self.window, lambda g: g.timestamp)
+        return series
+
+    @cached_property
+    def gpu_util_pct(self) -> float | None:
+        """Mean utilization of the job's GPUs over the steady part, percent."""
+        values = [
+            g.utilization_gpu_pct
+            for i in self.job_gpu_indices
+            for g in self.gpu_series(i)
+            if g.utilization_gpu_pct is not None
+        ]
+        return sum(values) / len(values) if values else None
+
+    @cached_property
+    def gpu_busy_share(self) -> float | None:
+        """Share of time the job's GPUs were busy: NVML utilization, else CUDA-event time."""
+        if self.gpu_util_pct is not None:
+            return self.gpu_util_pct / 100.0
+        if self.uses_gpu is not False:
+            return self.summary.gpu_time_share
+        return None
+
+    @cached_property
+    def gpu_memory_used_share(self) -> float | None:
+        """Peak over the job's GPUs of mean memory used / total, 0..1."""
+        shares = []
+        for i in self.job_gpu_indices:
+            vals = [
+                g.memory_used_bytes / g.memory_total_bytes
+                for g in self.gpu_series(i)
+                if g.memory_used_bytes is not None and g.memory_total_bytes
+            ]
+            if vals:
+                shares.append(sum(vals) / len(vals))
+        return max(shares, default=None)
+
+    @cached_property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """Lowest compute capability among the job's GPUs (readings, else doctor's facts)."""
+        caps = [
+            g.compute_capability
+            for g in self.record.gpu
+            if g.index in self.job_gpu_indices and g.compute_capability is not None
+        ]
+        if not caps and self.machine is not None:
+            caps = [g.compute_capability for g in self.machine.gpu.samples if g.compute_capability]
+        return min(caps) if caps else None
+
+    # --- time ----------------------------------------------------------------------------
+
+    def slowdown_share(self, intervals: Sequence[Interval]) -> float | None:
+        """Share of steady time lost in steps overlapping ``intervals``.
+
+        Steps overlapping an interval are compared with the median of the
+        others: their excess over it, summed, over all steady time. ``None``
+        when fewer than three steps fall on either side (nothing to compare).
+        """
+        if not intervals or self.steady_time_s <= 0:
+            return None
+        merged = merge_intervals(intervals)
+        starts = [a for a, _ in merged]
+        hit: list[StepSpan] = []
+        clear: list[StepSpan] = []
+        for s in self.steady:
+            (hit if overlaps(merged, starts, s.t_start, s.t_end) else clear).append(s)
+        if sum(s.count for s in hit) < 3 or sum(s.count for s in clear) < 3:
+            return None
+        base = weighted_quantile([(s.mean_duration_s, s.count) for s in clear], 0.5)
+        assert base is not None
+        extra = sum(s.count * max(0.0, s.mean_duration_s - base) for s in hit)
+        return min(1.0, extra / self.steady_time_s)
+
+
+def sample_intervals(times: Sequence[float]) -> list[Interval]:
+    """The period each reading describes: from the previous reading to this one.
+
+    NVML utilization and host rates are averages over the time since the last
+    reading; the first reading gets the median period.
+    """
+    if not times:
+        return []
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+    first = sorted(gaps)[len(gaps) // 2] if gaps else 1.0
+    out = [(times[0] - first, times[0])]
+    out += list(itertools.pairwise(times))
+    return out
+
+
+def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def overlaps(merged: Sequence[Interval], starts: Sequence[float], a: float, b: float) -> bool:
+    """Whether [a, b] meets any of ``merged`` (sorted, disjoint; ``starts`` their starts)."""
+    i = bisect.bisect_right(starts, b) - 1
+    return i >= 0 and merged[i][1] >= a
+
+
+def share_of(values: Counter[str], key: str, among: Iterable[str]) -> float:
+    total = sum(values[k] for k in among)
+    return values[key] / total if total else 0.0

@@ -1,0 +1,1 @@
+"""The directory ``trainmedic run`` puts first on the job's PYTHONPATH (see sitecustomize.py)."""

@@ -1,0 +1,669 @@
+"""The probe in one process of the job: its state, its background thread, its lifecycle.
+
+:func:`activate` runs from the bootstrap ``sitecustomize`` when the
+supervisor's environment variables are present. It must be cheap, since it
+runs at every Python start-up of the job: it imports almost nothing, chains
+the exception hooks, registers fork and exit handlers, starts one daemon
+thread and waits for the job to import torch
+(:mod:`trainmedic.probe.importhook`); only then are the torch hooks (and the
+step tracker) loaded. The background thread loads the channel code itself,
+off the job's start-up path.
+
+The training thread never does I/O for the probe. Hooks update the step
+tracker and append to an in-memory outbox; the background thread builds the
+records, sends the outbox every :data:`FLUSH_S` and a heartbeat every
+:data:`HEARTBEAT_S`. At exit the rest is sent synchronously. A process that
+ends before its first connection (:data:`FIRST_CONNECT_DELAY_S`) having
+nothing to say sends nothing: short helper processes stay cheap.
+
+A forked child (a DataLoader worker with the fork start method, or the job's
+own ``multiprocessing``) inherits this object: the fork handler resets it so
+the child reports as its own process, over its own connection.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+from trainmedic.probe.env import ProbeConfig
+from trainmedic.probe.importhook import when_imported
+from trainmedic.probe.parts import Part, Parts
+
+TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType, TracebackType
+    from typing import Any
+
+    from trainmedic.channel.client import ChannelClient
+    from trainmedic.channel.wire import ProbeMessage, TorchInfo
+    from trainmedic.probe.stacks import StackSampler
+    from trainmedic.probe.steps import StepDraft, StepTracker
+    from trainmedic.record.types import RunEvent, StepRecord
+
+FLUSH_S = 0.25
+"""Seconds between two sends of the outbox."""
+HEARTBEAT_S = 1.0
+"""Seconds between two heartbeats."""
+FIRST_CONNECT_DELAY_S = 0.2
+"""The first connection waits this long (the hello then carries the final
+``sys.argv``, and processes shorter than this with nothing to say send nothing)."""
+MAX_OUTBOX = 100_000
+"""Messages kept while the supervisor is slow; more are counted and dropped."""
+HEARTBEAT_FRAMES = 6
+EXIT_JOIN_S = 2.0
+
+
+class HookState:
+    """What every hook reads on each call, kept in one small object.
+
+    Attributes:
+        depth: 1 while an outermost module call runs on the training thread.
+        training_ident: the thread whose calls are timed (``None``: none, in a worker).
+        pin_threads: pin-memory threads of this process's DataLoaders.
+        loader_used: whether a DataLoader batch was ever fetched here.
+        worker_ident: a DataLoader worker's loading thread.
+    """
+
+    __slots__ = ("depth", "loader_used", "pin_threads", "training_ident", "worker_ident")
+
+    def __init__(self, training_ident: int | None) -> None:
+        self.depth = 0
+        self.training_ident = training_ident
+        self.pin_threads: set[int] = set()
+        self.loader_used = False
+        self.worker_ident: int | None = None
+
+
+_PROBE: Probe | None = None
+
+
+def current() -> Probe | None:
+    """The active probe of this process, or ``None`` outside a ``trainmedic run``."""
+    return _PROBE
+
+
+def activate(environ: dict[str, str] | None = None) -> Probe | None:
+    """Start the probe when the environment names a supervisor; idempotent."""
+    global _PROBE
+    if _PROBE is not None:
+        return _PROBE
+    config = ProbeConfig.from_environ(environ)
+    if config is None or "all" in config.disabled:
+        return None
+    probe = Probe(config)
+    _PROBE = probe
+    probe.start()
+    return probe
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _short_name(filename: str) -> str:
+    parts = filename.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:])
+
+
+class Probe:
+    """Everything the probe knows and does in this process."""
+
+    def __init__(
+        self,
+        config: ProbeConfig,
+        clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.wall = wall
+        self.wall_offset = wall() - clock()
+        self.started_at = wall()
+        self.pid = os.getpid()
+        self.role = "process"
+        self.rank = _env_int("RANK")
+        self.local_rank = _env_int("LOCAL_RANK")
+        self.parts = Parts(config.disabled, config.inject_fault, self._report_part_error)
+        self.state = HookState(training_ident=threading.main_thread().ident)
+        self.tracker: StepTracker | None = None
+        self.cuda: Any = None
+        self.torch: ModuleType | None = None
+        self.restore: list[Callable[[], None]] = []
+        # Messages, and finished steps as (draft, timing, alloc) to build records from.
+        self.outbox: deque[ProbeMessage | tuple[StepDraft, Any, Any]] = deque()
+        self.dropped = 0
+        self.client: ChannelClient | None = None
+        self.failed = False  # the channel broke: queue nothing more
+        self.sampler: StackSampler | None = None
+        self._stop = threading.Event()
+        self._agent: threading.Thread | None = None
+        self._agent_lock = threading.Lock()
+        self._hello_due = True
+        self._connected = False
+        self._finished = False
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        part = self.parts["exceptions"]
+        if part.on:
+            try:
+                part.check()
+                self._chain_excepthooks()
+            except Exception as exc:
+                part.fail(exc)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork_child)
+        atexit.register(self.at_exit)
+        self._ensure_agent()
+        when_imported("torch", self._on_torch)
+
+    def _ensure_agent(self) -> None:
+        if self._agent is not None:
+            return
+        with self._agent_lock:
+            if self._agent is None:
+                self._agent = threading.Thread(
+                    target=self._agent_main, name="trainmedic-probe", daemon=True
+                )
+                self._agent.start()
+
+    def _after_fork_child(self) -> None:
+        # Only this thread exists in the child: replace every lock-bearing object.
+        self.pid = os.getpid()
+        self.started_at = self.wall()
+        self.role = "forked"
+        if self.client is not None:
+            self.client.abandon()
+            self.client = None
+        self.failed = False
+        self.outbox = deque()
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._agent = None
+        self._agent_lock = threading.Lock()
+        self._hello_due = True
+        self._connected = False
+        self._finished = False
+        self.sampler = None
+        self.state.depth = 0
+        self.state.training_ident = threading.get_ident()
+        self.state.pin_threads = set()
+        self.state.loader_used = False
+        self.state.worker_ident = None
+        if self.tracker is not None:
+            self.tracker.reset()
+        if self.cuda is not None:
+            self.cuda.reset()
+
+    def at_exit(self) -> None:
+        """Send what is left, then a goodbye (runs from ``atexit`` or a worker's end)."""
+        if self._finished:
+            return
+        self._finished = True
+        steps = self.parts["steps"]
+        if steps.on and self.tracker is not None:
+            try:
+                self.tracker.finish(self.clock())
+            except Exception as exc:
+                steps.fail(exc)
+        if self.cuda is not None:
+            self.cuda.flush()
+        if self.sampler is not None:
+            self.sampler.stop()
+        self._stop.set()
+        agent = self._agent
+        if agent is not None and agent.is_alive() and agent is not threading.current_thread():
+            agent.join(EXIT_JOIN_S)
+            if agent.is_alive():
+                return  # the agent is stuck in a send; don't race it on the socket
+        if not self._connected and not self.outbox:
+            return  # a short process with nothing to say: no connection at all
+        from trainmedic.channel.wire import Goodbye
+
+        if self.dropped:
+            self.emit(
+                self._event(
+                    "probe_dropped",
+                    f"probe dropped {self.dropped} message(s): the supervisor did not keep up",
+                    {"dropped": self.dropped},
+                )
+            )
+        self.emit(Goodbye(pid=self.pid, t=self.wall()))
+        self._flush()
+
+    # --- exceptions ------------------------------------------------------------------------------
+
+    def _chain_excepthooks(self) -> None:
+        """Record uncaught exceptions first, then let the previous hooks print them."""
+        previous = sys.excepthook
+        part = self.parts["exceptions"]
+
+        def excepthook(
+            exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+        ) -> None:
+            if part.on:
+                try:
+                    from trainmedic.probe import crash
+
+                    self._record_exception(
+                        crash.exception_event("exception", exc_type, exc, tb, self.pid)
+                    )
+                except Exception as error:
+                    part.fail(error)
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = excepthook
+        previous_thread = threading.excepthook
+
+        def thread_excepthook(args: threading.ExceptHookArgs) -> None:
+            if part.on and args.exc_type is not SystemExit:
+                try:
+                    from trainmedic.probe import crash
+
+                    name = args.thread.name if args.thread is not None else None
+                    event = crash.exception_event(
+                        "thread_exception",
+                        args.exc_type,
+                        args.exc_value,
+                        args.exc_traceback,
+                        self.pid,
+                        name,
+                    )
+                    self._record_exception(event)
+                except Exception as error:
+                    part.fail(error)
+            previous_thread(args)
+
+        threading.excepthook = thread_excepthook
+
+    def _record_exception(self, event: RunEvent) -> None:
+        self.emit(event)
+        if event.kind == "exception" and self.config.run_dir:
+            from trainmedic.probe import crash
+
+            crash.write_error_file(self.config.run_dir, event, list(sys.argv))
+
+    # --- torch -----------------------------------------------------------------------------------
+
+    def _on_torch(self, torch: ModuleType) -> None:
+        try:
+            self._install_torch(torch)
+        except Exception as exc:
+            self.parts["steps"].fail(exc)
+
+    def _ensure_tracker(self) -> StepTracker:
+        if self.tracker is None:
+            from trainmedic.probe.steps import StepTracker
+
+            self.tracker = StepTracker(emit=self._on_draft)
+        return self.tracker
+
+    def _install_torch(self, torch: ModuleType) -> None:
+        from trainmedic.probe import torch_hooks
+        from trainmedic.probe.cuda import CudaSteps
+
+        self.torch = torch
+        tracker = self._ensure_tracker()
+        # A CPU-only build of torch never initialises CUDA: no CUDA part at all.
+        if self.parts["cuda"].on and getattr(torch.version, "cuda", None):
+            self.cuda = CudaSteps(torch, self.parts["cuda"], self._finish_step, self._cuda_ready)
+            tracker.listener = self.cuda
+        torch_hooks.install(torch, self)
+        self.emit(self._torch_info(torch, cuda_ready=False))
+
+    def _torch_info(self, torch: Any, cuda_ready: bool) -> TorchInfo:
+        from trainmedic.channel.wire import TorchInfo
+
+        devices: tuple[str, ...] = ()
+        arch: tuple[str, ...] = ()
+        cudnn: int | None = None
+        if cuda_ready:
+            cuda = torch.cuda
+            devices = tuple(str(cuda.get_device_name(i)) for i in range(cuda.device_count()))
+            arch = tuple(str(a) for a in cuda.get_arch_list())
+            version = torch.backends.cudnn.version()
+            cudnn = int(version) if version is not None else None
+        return TorchInfo(
+            pid=self.pid,
+            t=self.wall(),
+            version=str(torch.__version__),
+            cuda_version=getattr(torch.version, "cuda", None),
+            cudnn_version=cudnn,
+            cuda_initialized=cuda_ready,
+            devices=devices,
+            arch_list=arch,
+        )
+
+    def _cuda_ready(self) -> None:
+        try:
+            self.emit(self._torch_info(self.torch, cuda_ready=True))
+        except Exception as exc:
+            self.parts["cuda"].fail(exc)
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    def _on_draft(self, draft: StepDraft) -> None:
+        if self.cuda is not None:
+            self.cuda.add(draft)
+        else:
+            self._finish_step(draft, None, None)
+
+    def _finish_step(self, draft: StepDraft, timing: Any, alloc: Any) -> None:
+        # The record is built by the background thread: the training thread only queues.
+        if not self.failed and len(self.outbox) < MAX_OUTBOX:
+            self.outbox.append((draft, timing, alloc))
+            if not self.state.loader_used and self.sampler is None:
+                self.step_marked()
+        elif not self.failed:
+            self.dropped += 1
+
+    def _step_record(self, draft: StepDraft, timing: Any, alloc: Any) -> StepRecord:
+        from trainmedic.record.types import StepRecord
+
+        data_wait = draft.data_wait_s
+        gpu_time: float | None = None
+        if timing is not None:
+            gpu_time = timing.gpu_time_s
+            if (
+                draft.loader_fetches == 0
+                and draft.compute_s is not None
+                and timing.idle_before_s is not None
+            ):
+                # The GPU's idle gap before the step, not host time spent in a sync.
+                data_wait = min(draft.outside_s, timing.idle_before_s)
+        return StepRecord(
+            step=draft.step,
+            t=draft.t_end + self.wall_offset,
+            duration_s=draft.duration_s,
+            data_wait_s=data_wait,
+            compute_s=draft.compute_s,
+            gpu_time_s=gpu_time,
+            samples=draft.samples,
+            source=draft.source,
+            phase=draft.phase,
+            pid=self.pid,
+            rank=self.rank,
+            alloc_peak_bytes=None if alloc is None else alloc.alloc_peak_bytes,
+            reserved_peak_bytes=None if alloc is None else alloc.reserved_peak_bytes,
+            alloc_retries=None if alloc is None else alloc.alloc_retries,
+            ooms=None if alloc is None else alloc.ooms,
+            autocast=draft.autocast,
+        )
+
+    def adopt_training_thread(self) -> bool:
+        """Make the calling thread the training thread when no step was marked yet."""
+        tracker = self._ensure_tracker()
+        if tracker.started or self.role == "worker":
+            return False
+        self.state.training_ident = threading.get_ident()
+        tracker.reset()
+        return True
+
+    def _api(self, action: Callable[[StepTracker, float], None]) -> None:
+        part = self.parts["steps"]
+        if not part.on:
+            return
+        try:
+            part.check()
+            tracker = self._ensure_tracker()
+            if (
+                threading.get_ident() != self.state.training_ident
+                and not self.adopt_training_thread()
+            ):
+                return
+            action(tracker, self.clock())
+        except Exception as exc:
+            part.fail(exc)
+
+    def api_step(self) -> None:
+        """``trainmedic.step()``."""
+        self._api(lambda tracker, now: tracker.api_step(now))
+
+    def api_phase_enter(self, name: str) -> None:
+        """``with trainmedic.phase(name):`` begins."""
+        self._api(lambda tracker, now: tracker.phase_enter(now, name))
+
+    def api_phase_exit(self) -> None:
+        self._api(lambda tracker, now: tracker.phase_exit(now))
+
+    # --- loaders ---------------------------------------------------------------------------------
+
+    def loader_in_use(self) -> None:
+        """Called on the first DataLoader fetch of the training thread."""
+        if not self.state.loader_used:
+            self.state.loader_used = True
+            self._start_sampler()
+
+    def loader_created(self, loader: Any, loader_id: int) -> None:
+        """A DataLoader was iterated for the first time: send its settings."""
+        from trainmedic.record.types import LoaderInfo
+
+        num_workers = int(loader.num_workers)
+        dataset = loader.dataset
+        dataset_len: int | None = None
+        iterable_cls = getattr(getattr(self.torch, "utils", None), "data", None)
+        iterable_cls = getattr(iterable_cls, "IterableDataset", None)
+        is_iterable = iterable_cls is not None and isinstance(dataset, iterable_cls)
+        if not is_iterable and hasattr(dataset, "__len__"):
+            try:
+                dataset_len = len(dataset)
+            except Exception:
+                dataset_len = None
+        prefetch = getattr(loader, "prefetch_factor", None)
+        batch = loader.batch_size
+        self.emit(
+            LoaderInfo(
+                t=self.wall(),
+                pid=self.pid,
+                loader_id=loader_id,
+                num_workers=num_workers,
+                batch_size=None if batch is None else int(batch),
+                pin_memory=bool(loader.pin_memory),
+                prefetch_factor=int(prefetch) if prefetch is not None and num_workers > 0 else None,
+                persistent_workers=bool(loader.persistent_workers),
+                dataset_type=f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+                dataset_len=dataset_len,
+            )
+        )
+
+    def become_worker(self) -> None:
+        """This process runs a DataLoader worker loop: report, sample, never mark steps."""
+        try:
+            self.role = "worker"
+            self.state.training_ident = None
+            self.state.worker_ident = threading.get_ident()
+            self._hello_due = True
+            self._ensure_agent()
+            self._start_sampler()
+        except Exception as exc:
+            self.parts["stacks"].fail(exc)
+
+    def worker_done(self) -> None:
+        """The worker loop returned: flush now (multiprocessing skips ``atexit``)."""
+        try:
+            self.at_exit()
+        except Exception as exc:
+            self.parts["stacks"].fail(exc)
+
+    # --- stack sampling --------------------------------------------------------------------------
+
+    def _start_sampler(self) -> None:
+        part = self.parts["stacks"]
+        if self.sampler is not None or not part.on:
+            return
+        try:
+            from trainmedic.probe.stacks import StackSampler
+
+            self.sampler = StackSampler(
+                targets=self._stack_targets,
+                emit=self.emit,
+                on_error=part.fail,
+                pid=self.pid,
+                wall=self.wall,
+                check=part.check,
+            )
+            self.sampler.start()
+        except Exception as exc:
+            part.fail(exc)
+
+    def _stack_targets(self) -> list[tuple[int, str]]:
+        if not self.parts["stacks"].on:
+            return []
+        state = self.state
+        if self.role == "worker":
+            return [] if state.worker_ident is None else [(state.worker_ident, "worker")]
+        ident = state.training_ident
+        tracker = self.tracker
+        if ident is None or tracker is None:
+            return []
+        if tracker.loader_wait_started is not None:
+            return [(ident, "main"), *((t, "pin") for t in list(state.pin_threads))]
+        if not state.loader_used and tracker.started and not tracker.in_compute:
+            return [(ident, "self")]
+        return []
+
+    def step_marked(self) -> None:
+        """A step ended: scripts without a DataLoader get their batch preparation sampled."""
+        if not self.state.loader_used and self.sampler is None:
+            self._start_sampler()
+
+    # --- errors ----------------------------------------------------------------------------------
+
+    def _event(self, kind: str, message: str, data: dict[str, Any]) -> RunEvent:
+        from trainmedic.record.types import RunEvent
+
+        return RunEvent(t=self.wall(), kind=kind, message=message, pid=self.pid, data=data)
+
+    def _report_part_error(self, part: Part, exc: BaseException, tb: str) -> None:
+        self.emit(
+            self._event(
+                "probe_error",
+                f"probe part {part.name!r} disabled after an internal error: {part.error}",
+                {"part": part.name, "error": part.error, "traceback": tb},
+            )
+        )
+
+    # --- the outbox and the background thread ----------------------------------------------------
+
+    def emit(self, message: ProbeMessage) -> None:
+        """Queue ``message`` for the supervisor (any thread; never blocks)."""
+        if self.failed:
+            return
+        if len(self.outbox) >= MAX_OUTBOX:
+            self.dropped += 1
+            return
+        self.outbox.append(message)
+        if self._agent is None and not self._finished:
+            self._ensure_agent()
+
+    def _agent_main(self) -> None:
+        stop = self._stop
+        if stop.wait(FIRST_CONNECT_DELAY_S) and not self.outbox:
+            return
+        next_heartbeat = 0.0
+        try:
+            while True:
+                stopping = stop.is_set()
+                now = time.monotonic()
+                if not stopping and now >= next_heartbeat:
+                    next_heartbeat = now + HEARTBEAT_S
+                    self._heartbeat()
+                self._flush()
+                if stopping or self.failed:
+                    return
+                stop.wait(FLUSH_S)
+        except Exception:
+            # The channel code itself failed (an interpreter shutting down, say):
+            # stop reporting; the job goes on.
+            self.failed = True
+            self.outbox.clear()
+
+    def _heartbeat(self) -> None:
+        part = self.parts["heartbeat"]
+        if not part.on:
+            return
+        try:
+            from trainmedic.channel.wire import Heartbeat
+
+            part.check()
+            ident = self.state.worker_ident if self.role == "worker" else self.state.training_ident
+            frame = sys._current_frames().get(ident) if ident is not None else None
+            stack: list[str] = []
+            while frame is not None and len(stack) < HEARTBEAT_FRAMES:
+                code = frame.f_code
+                stack.append(f"{_short_name(code.co_filename)}:{frame.f_lineno} {code.co_name}")
+                frame = frame.f_back
+            del frame
+            tracker = self.tracker
+            self.outbox.append(
+                Heartbeat(
+                    pid=self.pid,
+                    t=self.wall(),
+                    steps=0 if tracker is None else tracker.train_steps,
+                    phase="train" if tracker is None else tracker.phase,
+                    activity="other" if tracker is None else tracker.activity,
+                    stack=tuple(stack),
+                    cpu_s=time.process_time(),
+                )
+            )
+        except Exception as exc:
+            part.fail(exc)
+
+    def _hello_line(self) -> bytes:
+        from trainmedic.channel.wire import Hello, encode_message
+
+        hello = Hello(
+            pid=self.pid,
+            ppid=os.getppid(),
+            role=self.role,
+            argv=tuple(str(a) for a in sys.argv),
+            rank=self.rank,
+            local_rank=self.local_rank,
+            python=sys.version.split()[0],
+            executable=sys.executable,
+            t=self.started_at,
+        )
+        return encode_message(hello, token=self.config.token)
+
+    def _flush(self) -> None:
+        """Send the outbox (hello first when due); on a broken channel, drop it."""
+        from trainmedic.channel.client import ChannelClient
+        from trainmedic.channel.wire import encode_message
+
+        if self.client is None:
+            self.client = ChannelClient(self.config.address)
+        chunks: list[bytes] = []
+        if self._hello_due:
+            self._hello_due = False
+            chunks.append(self._hello_line())
+        outbox = self.outbox
+        while True:
+            try:
+                message = outbox.popleft()
+            except IndexError:
+                break
+            try:
+                if isinstance(message, tuple):
+                    chunks.append(encode_message(self._step_record(*message)))
+                else:
+                    chunks.append(encode_message(message))
+            except Exception:
+                continue  # one unencodable record must not stop the others
+        if not chunks:
+            return
+        if self.client.send(b"".join(chunks)):
+            self._connected = True
+        else:
+            self.failed = True
+            outbox.clear()

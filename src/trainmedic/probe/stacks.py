@@ -1,0 +1,547 @@
+"""Where data-loading time goes, by sampling the stacks of the threads that load.
+
+A sampler thread reads ``sys._current_frames()`` every :data:`PERIOD_S` for the
+threads it is pointed at (the training thread while it is blocked on a
+DataLoader, the pin-memory thread, a DataLoader worker's main thread) and
+classifies each stack into one state:
+
+* ``transform`` - Python code (or a C extension it called) computing;
+* ``file_read`` - reading files: ``open``/``read`` calls, image/array loaders;
+* ``socket_wait`` - network I/O: sockets, HTTP clients, object stores;
+* ``ipc_wait`` - the training thread waiting for worker processes;
+* ``idle`` - a worker or the pin-memory thread waiting for work;
+* ``other`` - sleeping, synchronising with the GPU, pinning memory.
+
+Only Python frames are visible, so a C call made from Python (``f.read()``,
+``cv2.imread``) leaves the caller as the innermost frame; the caller's
+bytecode then tells which function it is calling (:func:`callee_names`).
+Classification is a pure function of the frames (:func:`classify`), tested on
+its own; the sampler aggregates counts and sends a ``LoaderActivity`` every
+:data:`FLUSH_S`.
+"""
+
+from __future__ import annotations
+
+import dis
+import sys
+import sysconfig
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import CodeType, FrameType
+
+from trainmedic.record.types import LoaderActivity
+
+STATES = ("transform", "file_read", "socket_wait", "ipc_wait", "idle", "other")
+PERIOD_S = 0.02
+"""Seconds between two samples while sampling is wanted."""
+FLUSH_S = 2.0
+"""Seconds between two aggregates sent."""
+MAX_FRAMES = 24
+"""Frames read from the innermost outwards."""
+TOP_FRAMES = 8
+"""Most frequent frames kept per aggregate."""
+
+# --- what a file path says -------------------------------------------------------------
+
+_SOCKET_PATHS = (
+    "/socket.py",
+    "/ssl.py",
+    "/http/client.py",
+    "/urllib/request.py",
+    "/urllib3/",
+    "/requests/",
+    "/httpx/",
+    "/httpcore/",
+    "/aiohttp/",
+    "/botocore/",
+    "/boto3/",
+    "/s3transfer/",
+    "/s3fs/",
+    "/gcsfs/",
+    "/google/cloud/storage/",
+    "/azure/storage/",
+    "/fsspec/implementations/http",
+    "/smart_open/",
+    "/grpc/",
+    "/paramiko/",
+    "/ftplib.py",
+    "/websocket/",
+)
+_FILE_PATHS = (
+    "/numpy/lib/npyio.py",
+    "/numpy/lib/_npyio_impl.py",
+    "/numpy/lib/format.py",
+    "/numpy/lib/_format_impl.py",
+    "/numpy/core/memmap.py",
+    "/numpy/_core/memmap.py",
+    "/h5py/",
+    "/pyarrow/parquet/",
+    "/safetensors/",
+    "/torch/serialization.py",
+    "/imageio/",
+    "/tifffile/",
+    "/soundfile.py",
+    "/librosa/core/audio.py",
+    "/zipfile.py",
+    "/zipfile/",
+    "/tarfile.py",
+    "/gzip.py",
+    "/bz2.py",
+    "/lzma.py",
+    "/_compression.py",
+    "/shutil.py",
+    "/glob.py",
+    "/genericpath.py",
+    "/_pyio.py",
+    "/lmdb/",
+)
+# (path part, functions) pairs: only these functions of the file read files.
+_FILE_FUNCTIONS = (
+    ("/PIL/Image.py", frozenset({"open", "_open_core"})),
+    ("/PIL/ImageFile.py", frozenset({"__init__", "_open"})),
+    ("/pathlib.py", frozenset({"open", "read_bytes", "read_text", "stat", "exists", "iterdir"})),
+    ("/pathlib/", frozenset({"open", "read_bytes", "read_text", "stat", "exists", "iterdir"})),
+    ("/os.py", frozenset({"walk", "fwalk", "_walk"})),
+)
+_IPC_PATHS = (
+    "/multiprocessing/queues.py",
+    "/multiprocessing/connection.py",
+    "/multiprocessing/synchronize.py",
+    "/multiprocessing/managers.py",
+    "/multiprocessing/reduction.py",
+    "/multiprocessing/resource_sharer.py",
+    "/torch/multiprocessing/reductions.py",
+    "/queue.py",
+    "/concurrent/futures/",
+)
+# Frames that only wait on behalf of a caller: the caller decides.
+_DELEGATING_PATHS = ("/selectors.py", "/threading.py", "/subprocess.py")
+_PIN_PATH = "/torch/utils/data/_utils/pin_memory.py"
+_WORKER_LOOP = "/torch/utils/data/_utils/worker.py"
+
+# --- what a C call made from Python says ------------------------------------------------
+
+_FILE_CALLS = frozenset(
+    {
+        "open",
+        "read",
+        "readinto",
+        "readline",
+        "readlines",
+        "read_bytes",
+        "read_text",
+        "pread",
+        "preadv",
+        "readv",
+        "fromfile",
+        "loadtxt",
+        "genfromtxt",
+        "memmap",
+        "imread",
+        "load",
+        "load_file",
+        "listdir",
+        "scandir",
+        "stat",
+        "lstat",
+        "fstat",
+        "exists",
+        "isfile",
+        "isdir",
+        "getsize",
+        "sendfile",
+    }
+)
+_SOCKET_CALLS = frozenset(
+    {
+        "recv",
+        "recv_into",
+        "recvfrom",
+        "recvfrom_into",
+        "recvmsg",
+        "send",
+        "sendall",
+        "sendto",
+        "connect",
+        "connect_ex",
+        "create_connection",
+        "getaddrinfo",
+        "gethostbyname",
+        "urlopen",
+        "urlretrieve",
+        "getresponse",
+        "accept",
+    }
+)
+_SOCKET_NAMES = frozenset(
+    {"socket", "requests", "urllib", "urllib3", "http", "httpx", "boto3", "botocore", "ssl"}
+)
+_IPC_CALLS = frozenset({"recv_bytes", "recv_bytes_into", "poll"})
+_OTHER_CALLS = frozenset(
+    {"sleep", "item", "tolist", "cpu", "numpy", "synchronize", "wait_stream", "pin_memory"}
+)
+
+_LOAD_OPS = frozenset(
+    {
+        "LOAD_GLOBAL",
+        "LOAD_NAME",
+        "LOAD_ATTR",
+        "LOAD_METHOD",
+        "LOAD_FAST",
+        "LOAD_FAST_CHECK",
+        "LOAD_FAST_BORROW",
+        "LOAD_DEREF",
+        "LOAD_CLASSDEREF",
+        "LOAD_FROM_DICT_OR_GLOBALS",
+        "LOAD_FROM_DICT_OR_DEREF",
+        "LOAD_SUPER_ATTR",
+    }
+)
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """One Python frame as classification needs it.
+
+    Attributes:
+        callees: for the innermost frame, the names of the call it is making
+            (``("np", "load")`` for ``np.load(path)``), else empty.
+    """
+
+    filename: str
+    lineno: int
+    function: str
+    callees: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        return self.filename.replace("\\", "/")
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots: set[str] = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            path = sysconfig.get_paths().get(key)
+        except Exception:  # sysconfig can fail in odd installs; fall back to markers
+            path = None
+        if path:
+            roots.add(path.replace("\\", "/").rstrip("/") + "/")
+    return tuple(sorted(roots))
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+def is_library(filename: str) -> bool:
+    """Whether ``filename`` belongs to the standard library or an installed package."""
+    path = filename.replace("\\", "/")
+    if (
+        "/site-packages/" in path
+        or "/dist-packages/" in path
+        or "/trainmedic/probe/" in path
+        or path.startswith("<")
+    ):
+        return True
+    return path.startswith(_LIBRARY_ROOTS)
+
+
+def short_name(filename: str) -> str:
+    """The last two parts of a path (``PIL/Image.py``), enough to recognise a file."""
+    parts = filename.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:])
+
+
+def frame_key(frames: Sequence[FrameInfo]) -> str:
+    """``"file:line function"`` of the innermost frame, followed by the
+    innermost frame of the script's own code when that is a different one."""
+    if not frames:
+        return "?"
+    leaf = frames[0]
+    key = f"{short_name(leaf.filename)}:{leaf.lineno} {leaf.function}"
+    if is_library(leaf.filename):
+        for f in frames[1:]:
+            if not is_library(f.filename):
+                key += f" < {short_name(f.filename)}:{f.lineno} {f.function}"
+                break
+    return key
+
+
+def _path_state(frame: FrameInfo) -> str | None:
+    """The state a frame's file decides, ``"ipc"`` for waits, ``"delegate"``, or ``None``."""
+    path = frame.path
+    if any(p in path for p in _SOCKET_PATHS):
+        return "socket_wait"
+    if any(p in path for p in _FILE_PATHS):
+        return "file_read"
+    for part, functions in _FILE_FUNCTIONS:
+        if part in path and frame.function in functions:
+            return "file_read"
+    if any(p in path for p in _IPC_PATHS):
+        return "ipc"
+    if path.endswith(_PIN_PATH) and frame.function != "_pin_memory_loop":
+        return "other"
+    if any(path.endswith(p) for p in _DELEGATING_PATHS):
+        return "delegate"
+    return None
+
+
+def _callee_state(callees: tuple[str, ...]) -> str | None:
+    if not callees:
+        return None
+    last = callees[-1]
+    if last in _OTHER_CALLS:
+        return "other"
+    if last in _SOCKET_CALLS or any(n in _SOCKET_NAMES for n in callees[:-1]):
+        return "socket_wait"
+    if last in _FILE_CALLS:
+        return "file_read"
+    if last in _IPC_CALLS:
+        return "ipc"
+    return None
+
+
+def classify(frames: Sequence[FrameInfo], role: str) -> str:
+    """The state of one stack, innermost frame first.
+
+    Args:
+        role: ``main`` (the training thread blocked on a DataLoader), ``self``
+            (the training thread preparing a batch itself), ``pin`` (the
+            pin-memory thread) or ``worker`` (a DataLoader worker's main thread).
+    """
+    state: str | None = None
+    for i, frame in enumerate(frames):
+        state = _path_state(frame)
+        if state is None and i == 0:
+            state = _callee_state(frame.callees)
+        if state == "delegate":
+            state = None
+            continue
+        if state is None:
+            # Python code outside any known waiting or I/O library: it computes.
+            state = "transform"
+        break
+    if state is None:
+        return "other"
+    if state == "ipc":
+        # Waiting on a queue: a loading thread has nothing to do; the training
+        # thread is waiting for the workers.
+        return "idle" if role in ("worker", "pin") else "ipc_wait"
+    return state
+
+
+# --- reading live frames ------------------------------------------------------------------
+
+_CALL_OPS = frozenset(
+    {
+        "CALL",
+        "CALL_KW",
+        "CALL_FUNCTION",
+        "CALL_METHOD",
+        "CALL_FUNCTION_KW",
+        "CALL_FUNCTION_EX",
+        "PRECALL",
+    }
+)
+_code_cache: dict[CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
+_callee_cache: dict[tuple[CodeType, int], tuple[str, ...]] = {}
+_CACHE_MAX = 4096
+
+
+def _instructions(code: CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
+    cached = _code_cache.get(code)
+    if cached is None:
+        if len(_code_cache) >= _CACHE_MAX:
+            _code_cache.clear()
+        instrs = list(dis.get_instructions(code))
+        cached = (instrs, {ins.offset: i for i, ins in enumerate(instrs)})
+        _code_cache[code] = cached
+    return cached
+
+
+def callee_names(code: CodeType, lasti: int) -> tuple[str, ...]:
+    """The dotted name of what the instruction at ``lasti`` is calling, as parts.
+
+    ``np.load(p)`` gives ``("np", "load")``, ``open(p).read()`` at the ``read``
+    call gives ``("open", "read")``; empty when the instruction is no call or
+    the name cannot be told. Cached per (code, offset).
+    """
+    key = (code, lasti)
+    cached = _callee_cache.get(key)
+    if cached is not None:
+        return cached
+    if len(_callee_cache) >= _CACHE_MAX:
+        _callee_cache.clear()
+    names = _callee_names(code, lasti)
+    _callee_cache[key] = names
+    return names
+
+
+def _callee_names(code: CodeType, lasti: int) -> tuple[str, ...]:
+    instrs, index = _instructions(code)
+    i = index.get(lasti)
+    if i is None:
+        return ()
+    call = instrs[i]
+    if call.opname not in _CALL_OPS:
+        return ()
+    pos = getattr(call, "positions", None)
+    if pos is not None and pos.lineno is not None and pos.col_offset is not None:
+        # The callee expression starts where the whole call expression starts.
+        names = []
+        for ins in instrs[:i]:
+            where = getattr(ins, "positions", None)
+            if (
+                ins.opname in _LOAD_OPS
+                and where is not None
+                and where.lineno == pos.lineno
+                and where.col_offset == pos.col_offset
+                and isinstance(ins.argval, str)
+            ):
+                names.append(ins.argval)
+        return tuple(names)
+    # Python 3.10: no column positions; take the names loaded on the call's line.
+    line = None
+    names = []
+    for ins in instrs[: i + 1]:
+        if ins.starts_line is not None:
+            line = ins.starts_line
+            names = []
+        if ins.opname in _LOAD_OPS and isinstance(ins.argval, str):
+            names.append(ins.argval)
+    return tuple(names) if line is not None else ()
+
+
+def read_frames(frame: FrameType | None, limit: int = MAX_FRAMES) -> list[FrameInfo]:
+    """The stack from ``frame`` outwards, innermost first, at most ``limit`` frames."""
+    out: list[FrameInfo] = []
+    f = frame
+    while f is not None and len(out) < limit:
+        code = f.f_code
+        callees = callee_names(code, f.f_lasti) if not out else ()
+        out.append(FrameInfo(code.co_filename, f.f_lineno or 0, code.co_name, callees))
+        f = f.f_back
+    return out
+
+
+# --- the sampler thread -------------------------------------------------------------------
+
+Targets = Callable[[], Sequence[tuple[int, str]]]
+"""Returns the (thread id, role) pairs to sample now; empty when nothing is wanted."""
+
+
+class ActivityAggregate:
+    """Counts of states and frames since the last flush."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.frames: Counter[str] = Counter()
+
+    def add(self, frames: Sequence[FrameInfo], role: str) -> str:
+        state = classify(frames, role)
+        self.counts[state] += 1
+        if state != "idle":
+            self.frames[frame_key(frames)] += 1
+        return state
+
+    def take(self, t: float, pid: int) -> LoaderActivity | None:
+        """The aggregate as a record (``None`` when empty), and start over."""
+        if not self.counts:
+            return None
+        counts = {s: self.counts.get(s, 0) for s in STATES}
+        top = dict(self.frames.most_common(TOP_FRAMES))
+        self.counts = Counter()
+        self.frames = Counter()
+        return LoaderActivity(t=t, pid=pid, counts=counts, top_frames=top)
+
+
+class StackSampler:
+    """A daemon thread sampling the stacks ``targets`` names.
+
+    Args:
+        targets: what to sample now (called every period, from the sampler thread).
+        emit: receives each aggregate.
+        on_error: called with the exception when sampling fails; the thread stops.
+        wall: Unix clock for the records' ``t``.
+    """
+
+    def __init__(
+        self,
+        targets: Targets,
+        emit: Callable[[LoaderActivity], None],
+        on_error: Callable[[BaseException], None],
+        pid: int,
+        period_s: float = PERIOD_S,
+        flush_s: float = FLUSH_S,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        self._targets = targets
+        self._emit = emit
+        self._on_error = on_error
+        self.pid = pid
+        self._period = period_s
+        self._flush_s = flush_s
+        self._wall = wall
+        self._monotonic = monotonic
+        self._check = check
+        self.aggregate = ActivityAggregate()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainmedic-stacks", daemon=True)
+        self._thread.start()
+
+    def sample_once(self) -> int:
+        """Take one sample of every target now; returns how many stacks were read."""
+        targets = self._targets()
+        if not targets:
+            return 0
+        if self._check is not None:
+            self._check()
+        frames = sys._current_frames()
+        taken = 0
+        for ident, role in targets:
+            frame = frames.get(ident)
+            if frame is None:
+                continue
+            stack = read_frames(frame)
+            with self._lock:
+                self.aggregate.add(stack, role)
+            taken += 1
+        del frames
+        self.samples += taken
+        return taken
+
+    def flush(self) -> None:
+        """Send what has been counted so far (safe from any thread)."""
+        with self._lock:
+            record = self.aggregate.take(self._wall(), self.pid)
+        if record is not None:
+            self._emit(record)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        self.flush()
+
+    def _run(self) -> None:
+        next_flush = self._monotonic() + self._flush_s
+        try:
+            while not self._stop.wait(self._period):
+                self.sample_once()
+                now = self._monotonic()
+                if now >= next_flush:
+                    next_flush = now + self._flush_s
+                    self.flush()
+        except Exception as exc:
+            self._on_error(exc)

@@ -1,0 +1,547 @@
+"""Where steps begin and end, and how each step's time splits, in one process.
+
+:class:`StepTracker` is pure bookkeeping with no torch in it: the hooks in
+:mod:`trainmedic.probe.torch_hooks` (and the public API) feed it events with
+times from one monotonic clock, and it emits a :class:`StepDraft` per step.
+
+Step boundaries, by source:
+
+* ``optimizer``: the post-step hook of the *lead* optimizer (the first one to
+  step; another takes over when it steps :data:`LEAD_TAKEOVER` times in a row
+  without the lead). Backward calls inside an optimizer step (closures, as
+  LBFGS calls them) never mark steps.
+* ``backward``: for scripts without a torch optimizer, each outermost backward
+  call ends a step. Until the first optimizer step the tracker cannot tell
+  gradient accumulation from manual updates, so it *holds* the segments ended
+  by backward calls: the first optimizer step merges them into its step; after
+  :data:`HOLD_MAX_SEGMENTS` segments (or :data:`HOLD_MAX_S` seconds with at
+  least :data:`HOLD_MIN_SEGMENTS`) without one, they become steps of their own.
+* ``api``: ``trainmedic.step()``; once called, the process's steps come from it only.
+
+Time inside a step: *compute* is the host time inside outermost forward calls,
+backward calls and optimizer steps (nested regions counted once); *loader wait*
+is the time blocked in DataLoader ``__next__``. The step's ``data_wait`` is the
+loader wait when the step fetched from a DataLoader; otherwise it is the host
+time outside compute (the script's own batch preparation), which the CUDA part
+may narrow to the time the GPU actually waited (:mod:`trainmedic.probe.cuda`).
+
+Phases: time inside ``trainmedic.phase(name)`` is kept out of the train step
+around it and reported as a record of that phase. Without the API, a step
+holding many more forward calls with gradients disabled than usual (an
+evaluation loop between two train steps) is split at its last such call into
+an ``eval`` record and the train step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+TRAIN = "train"
+EVAL = "eval"
+
+LEAD_TAKEOVER = 8
+"""Steps of another optimizer in a row after which it becomes the lead."""
+HOLD_MAX_SEGMENTS = 32
+"""Backward segments held before a script without optimizer steps is taken as one."""
+HOLD_MAX_S = 30.0
+"""... or seconds since the first held segment began, with at least :data:`HOLD_MIN_SEGMENTS`."""
+HOLD_MIN_SEGMENTS = 3
+EVAL_MIN_FORWARDS = 8
+"""Gradient-free forward calls in one step from which it may hold an evaluation."""
+EVAL_FACTOR = 4.0
+"""... when they are also more than this many times the usual number per step."""
+_EVAL_HISTORY = 32
+_SAME_MOMENT_S = 0.001
+
+
+class StepListener(Protocol):
+    """Told when a segment's first compute begins (the CUDA part records an event)."""
+
+    def segment_started(self) -> object | None:
+        """The first compute of a new segment begins; returns a marker kept with it."""
+        ...
+
+
+@dataclass(slots=True)
+class StepDraft:
+    """A finished step as the host saw it; the probe turns it into a ``StepRecord``.
+
+    Times are on the tracker's monotonic clock, in seconds.
+
+    Attributes:
+        loader_wait_s: time blocked in DataLoader ``__next__``.
+        loader_fetches: batches fetched from DataLoaders in the step.
+        outside_s: host time in neither compute nor a loader wait.
+        data_wait_s: the step's data wait as the host measured it (see module doc).
+        compute_s: ``None`` when no forward, backward or optimizer step was seen.
+        start_marker: what the listener returned when the step's first compute began.
+    """
+
+    step: int
+    phase: str
+    source: str
+    t_start: float
+    t_end: float
+    duration_s: float
+    loader_wait_s: float
+    loader_fetches: int
+    outside_s: float
+    data_wait_s: float
+    compute_s: float | None
+    samples: int | None
+    autocast: bool | None
+    start_marker: object | None = None
+
+
+@dataclass(slots=True)
+class _Mark:
+    """The state of a segment when its last gradient-free forward call ended."""
+
+    t: float
+    loader_wait: float
+    fetches: int
+    loader_samples: int | None
+    compute: float
+    compute_seen: bool
+
+
+@dataclass(slots=True)
+class _Segment:
+    """Accumulators from one boundary to the next (or to a held backward end)."""
+
+    t_start: float | None = None
+    excluded: float = 0.0
+    loader_wait: float = 0.0
+    fetches: int = 0
+    loader_samples: int | None = None
+    compute: float = 0.0
+    compute_seen: bool = False
+    forward_samples: int | None = None
+    optimizer_forward_samples: int | None = None
+    autocast: bool | None = None
+    nograd_forwards: int = 0
+    mark: _Mark | None = None
+    start_marker: object | None = None
+    marker_taken: bool = False
+
+    def begin(self, t: float) -> None:
+        if self.t_start is None:
+            self.t_start = t
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _merge(segments: list[_Segment]) -> _Segment:
+    """One segment standing for ``segments`` in order (a step of several backward calls)."""
+    out = _Segment()
+    for s in segments:
+        if out.t_start is None:
+            out.t_start = s.t_start
+        out.excluded += s.excluded
+        out.loader_wait += s.loader_wait
+        out.fetches += s.fetches
+        out.loader_samples = _add(out.loader_samples, s.loader_samples)
+        out.compute += s.compute
+        out.compute_seen = out.compute_seen or s.compute_seen
+        # Each backward segment of gradient accumulation is one micro-batch.
+        out.forward_samples = _add(out.forward_samples, s.forward_samples)
+        if out.optimizer_forward_samples is None:
+            out.optimizer_forward_samples = s.optimizer_forward_samples
+        if s.autocast is not None:
+            out.autocast = bool(out.autocast) or s.autocast
+        out.nograd_forwards += s.nograd_forwards
+        if out.start_marker is None:
+            out.start_marker = s.start_marker
+        out.marker_taken = out.marker_taken or s.marker_taken
+    return out
+
+
+@dataclass
+class _Phase:
+    name: str
+    t_start: float
+    outer: _Segment
+    steps_inside: int = 0
+
+
+@dataclass
+class _NullListener:
+    def segment_started(self) -> object | None:
+        return None
+
+
+@dataclass
+class StepTracker:
+    """Turns hook events of one process into steps; call from the training thread only.
+
+    Args:
+        emit: receives each finished step.
+        listener: told when a segment's first compute begins (CUDA events).
+    """
+
+    emit: Callable[[StepDraft], None]
+    listener: StepListener = field(default_factory=_NullListener)
+    mode: str | None = None
+    steps_by_phase: dict[str, int] = field(default_factory=dict)
+    _seg: _Segment = field(default_factory=_Segment)
+    _held: list[_Segment] = field(default_factory=list)
+    _depth: int = 0
+    _region_t0: float = 0.0
+    _regions: list[str] = field(default_factory=list)
+    _phases: list[_Phase] = field(default_factory=list)
+    _lead: object | None = None
+    _others: dict[object, int] = field(default_factory=dict)
+    _nograd_history: deque[int] = field(default_factory=lambda: deque(maxlen=_EVAL_HISTORY))
+    _in_loader_since: float | None = None
+
+    # --- what the heartbeat reports ----------------------------------------------------
+
+    @property
+    def train_steps(self) -> int:
+        return self.steps_by_phase.get(TRAIN, 0)
+
+    @property
+    def phase(self) -> str:
+        # Read from the heartbeat thread too: index, don't test then index.
+        try:
+            return self._phases[-1].name
+        except IndexError:
+            return TRAIN
+
+    @property
+    def activity(self) -> str:
+        """``data``, ``forward``, ``backward``, ``optimizer`` or ``other``."""
+        if self._in_loader_since is not None:
+            return "data"
+        try:
+            return self._regions[0]
+        except IndexError:
+            return "other"
+
+    def reset(self) -> None:
+        """Forget everything (a forked child starts its own count)."""
+        self.mode = None
+        self.steps_by_phase = {}
+        self._seg = _Segment()
+        self._held = []
+        self._depth = 0
+        self._regions = []
+        self._phases = []
+        self._lead = None
+        self._others = {}
+        self._nograd_history.clear()
+        self._in_loader_since = None
+
+    @property
+    def in_compute(self) -> bool:
+        return self._depth > 0
+
+    @property
+    def started(self) -> bool:
+        """Whether any step or phase record has been emitted."""
+        return bool(self.steps_by_phase)
+
+    # --- compute regions ---------------------------------------------------------------
+
+    def compute_enter(self, now: float, kind: str) -> None:
+        """Entering an outermost forward (``forward``), a backward call or an optimizer step."""
+        seg = self._seg
+        if seg.t_start is None:
+            seg.t_start = now
+        if not seg.marker_taken:
+            seg.marker_taken = True
+            seg.start_marker = self.listener.segment_started()
+        if kind == "optimizer" and "optimizer" in self._regions:
+            # A previous optimizer step raised before its post hook: close it.
+            self._abandon_region("optimizer", now)
+        if self._depth == 0:
+            self._region_t0 = now
+        self._depth += 1
+        self._regions.append(kind)
+        seg.compute_seen = True
+
+    def compute_exit(self, now: float, kind: str) -> None:
+        regions = self._regions
+        if regions and regions[-1] == kind:
+            regions.pop()
+        elif kind in regions:
+            # Remove the innermost region of this kind (regions of a kind nest properly).
+            del regions[len(regions) - 1 - regions[::-1].index(kind)]
+        else:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._seg.compute += max(0.0, now - self._region_t0)
+
+    def _abandon_region(self, kind: str, now: float) -> None:
+        while kind in self._regions:
+            self.compute_exit(now, kind)
+
+    @property
+    def wants_batch(self) -> bool:
+        """Whether the next outermost forward call's batch size and autocast state
+        are still unknown for this segment (only the first call's are kept)."""
+        seg = self._seg
+        if "optimizer" in self._regions:
+            return seg.optimizer_forward_samples is None
+        return seg.forward_samples is None
+
+    def forward_enter(
+        self, now: float, samples: int | None, grad_enabled: bool, autocast: bool | None
+    ) -> None:
+        """An outermost module call begins (``samples``: its batch size, when found)."""
+        inside_optimizer = "optimizer" in self._regions
+        self.compute_enter(now, "forward")
+        seg = self._seg
+        if inside_optimizer:
+            if seg.optimizer_forward_samples is None:
+                seg.optimizer_forward_samples = samples
+        elif seg.forward_samples is None:
+            seg.forward_samples = samples
+        if autocast is not None:
+            seg.autocast = bool(seg.autocast) or autocast
+        if not grad_enabled and not inside_optimizer:
+            seg.nograd_forwards += 1
+
+    def forward_exit(self, now: float, grad_enabled: bool) -> None:
+        self.compute_exit(now, "forward")
+        seg = self._seg
+        if not grad_enabled and self._depth == 0 and seg.t_start is not None:
+            seg.mark = _Mark(
+                t=now,
+                loader_wait=seg.loader_wait,
+                fetches=seg.fetches,
+                loader_samples=seg.loader_samples,
+                compute=seg.compute,
+                compute_seen=seg.compute_seen,
+            )
+
+    # --- data ----------------------------------------------------------------------------
+
+    def loader_enter(self, now: float) -> None:
+        seg = self._seg
+        if seg.t_start is None:
+            seg.t_start = now
+        self._in_loader_since = now
+
+    def loader_exit(self, now: float, samples: int | None, fetched: bool) -> None:
+        """A DataLoader ``__next__`` returned (``fetched``) or ended the epoch."""
+        start = self._in_loader_since
+        self._in_loader_since = None
+        if start is None:
+            return
+        wait = max(0.0, now - start)
+        seg = self._seg
+        seg.loader_wait += wait
+        if self._depth > 0:
+            # Fetched inside a compute region (a closure): not compute time.
+            seg.compute -= wait
+        if fetched:
+            seg.fetches += 1
+            seg.loader_samples = _add(seg.loader_samples, samples)
+
+    @property
+    def loader_wait_started(self) -> float | None:
+        """When the current loader wait began, or ``None`` when not waiting."""
+        return self._in_loader_since
+
+    # --- boundaries ------------------------------------------------------------------------
+
+    def optimizer_enter(self, now: float) -> None:
+        self.compute_enter(now, "optimizer")
+
+    def optimizer_exit(self, now: float, optimizer: object) -> None:
+        """The post-step hook of ``optimizer`` (any hashable identity) ran."""
+        self.compute_exit(now, "optimizer")
+        if self.mode == "api" or "optimizer" in self._regions:
+            return
+        self.mode = "optimizer"
+        if self._lead is None:
+            self._lead = optimizer
+        if optimizer != self._lead:
+            count = self._others.get(optimizer, 0) + 1
+            self._others[optimizer] = count
+            if count < LEAD_TAKEOVER:
+                return
+            self._lead = optimizer
+        self._others.clear()
+        self._close(now, "optimizer")
+
+    def backward_enter(self, now: float) -> None:
+        self.compute_enter(now, "backward")
+
+    def backward_exit(self, now: float) -> None:
+        self.compute_exit(now, "backward")
+        if self._depth > 0 or self.mode in ("optimizer", "api"):
+            return
+        if self.mode == "backward":
+            self._close(now, "backward")
+            return
+        seg = self._seg
+        seg.begin(now)
+        self._held.append(seg)
+        self._seg = _Segment(t_start=now)
+        first = self._held[0].t_start
+        elapsed = now - first if first is not None else 0.0
+        if len(self._held) >= HOLD_MAX_SEGMENTS or (
+            len(self._held) >= HOLD_MIN_SEGMENTS and elapsed >= HOLD_MAX_S
+        ):
+            self.mode = "backward"
+            self._release_held(now)
+
+    def api_step(self, now: float) -> None:
+        """``trainmedic.step()``: the script marks the end of a step itself."""
+        first = self.mode != "api"
+        self.mode = "api"
+        seg = self._seg
+        idle = not self._held and not seg.compute_seen and not seg.fetches
+        just_ended = seg.t_start is not None and now - seg.t_start < _SAME_MOMENT_S
+        if first and self.started and idle and just_ended:
+            # Called right after a step the hooks already ended: no empty step.
+            return
+        self._close(now, "api")
+
+    def _release_held(self, now: float) -> None:
+        held, self._held = self._held, []
+        for i, seg in enumerate(held):
+            end = held[i + 1].t_start if i + 1 < len(held) else self._seg.t_start
+            self._finish(seg, end if end is not None else now, "backward", self.phase)
+
+    def _close(self, now: float, source: str) -> None:
+        seg = self._seg
+        if self._held:
+            seg = _merge([*self._held, seg])
+            self._held = []
+        seg.begin(now)
+        self._seg = _Segment(t_start=now)
+        phase = self.phase
+        if self._phases:
+            self._phases[-1].steps_inside += 1
+        if source == "optimizer" and phase == TRAIN and self._is_eval(seg):
+            assert seg.mark is not None
+            eval_part, seg = self._split(seg, seg.mark)
+            self._finish(eval_part, seg.t_start or now, "optimizer", EVAL)
+        else:
+            self._nograd_history.append(seg.nograd_forwards)
+        self._finish(seg, now, source, phase)
+
+    def _is_eval(self, seg: _Segment) -> bool:
+        if seg.mark is None or seg.nograd_forwards < EVAL_MIN_FORWARDS:
+            return False
+        usual = statistics.median(self._nograd_history) if self._nograd_history else 0.0
+        return seg.nograd_forwards > EVAL_FACTOR * usual
+
+    @staticmethod
+    def _split(seg: _Segment, mark: _Mark) -> tuple[_Segment, _Segment]:
+        """(evaluation part up to ``mark``, train part after it)."""
+        before = _Segment(
+            t_start=seg.t_start,
+            loader_wait=mark.loader_wait,
+            fetches=mark.fetches,
+            loader_samples=mark.loader_samples,
+            compute=mark.compute,
+            compute_seen=mark.compute_seen,
+            nograd_forwards=seg.nograd_forwards,
+            start_marker=seg.start_marker,
+            marker_taken=True,
+        )
+        after = _Segment(
+            t_start=mark.t,
+            loader_wait=seg.loader_wait - mark.loader_wait,
+            fetches=seg.fetches - mark.fetches,
+            loader_samples=(
+                None
+                if seg.loader_samples is None
+                else seg.loader_samples - (mark.loader_samples or 0)
+            ),
+            compute=seg.compute - mark.compute,
+            compute_seen=seg.compute_seen,
+            forward_samples=seg.forward_samples,
+            optimizer_forward_samples=seg.optimizer_forward_samples,
+            autocast=seg.autocast,
+            marker_taken=True,
+        )
+        return before, after
+
+    def _finish(self, seg: _Segment, t_end: float, source: str, phase: str) -> None:
+        t_start = seg.t_start if seg.t_start is not None else t_end
+        duration = max(0.0, t_end - t_start - seg.excluded)
+        compute = max(0.0, seg.compute) if seg.compute_seen else None
+        outside = max(0.0, duration - (compute or 0.0) - seg.loader_wait)
+        if seg.fetches or seg.loader_wait > 0:
+            data_wait = seg.loader_wait
+        elif compute is not None:
+            data_wait = outside
+        else:
+            data_wait = 0.0  # no compute seen (explicit API without torch): unknown
+        if seg.fetches and seg.loader_samples is not None:
+            samples: int | None = seg.loader_samples
+        elif seg.forward_samples is not None:
+            samples = seg.forward_samples
+        else:
+            samples = seg.optimizer_forward_samples
+        number = self.steps_by_phase.get(phase, 0) + 1
+        self.steps_by_phase[phase] = number
+        draft = StepDraft(
+            step=number,
+            phase=phase,
+            source=source,
+            t_start=t_start,
+            t_end=t_end,
+            duration_s=duration,
+            loader_wait_s=seg.loader_wait,
+            loader_fetches=seg.fetches,
+            outside_s=outside,
+            data_wait_s=min(data_wait, duration),
+            compute_s=compute,
+            samples=samples,
+            autocast=seg.autocast,
+            start_marker=seg.start_marker,
+        )
+        self.emit(draft)
+
+    # --- phases ------------------------------------------------------------------------------
+
+    def phase_enter(self, now: float, name: str) -> None:
+        """``trainmedic.phase(name)`` begins: its time leaves the step around it."""
+        self._phases.append(_Phase(name=name, t_start=now, outer=self._seg))
+        self._seg = _Segment(t_start=now)
+
+    def phase_exit(self, now: float) -> None:
+        if not self._phases:
+            return
+        ph = self._phases[-1]
+        if ph.steps_inside == 0:
+            self._finish(self._seg, now, "api", ph.name)
+        self._phases.pop()
+        outer = ph.outer
+        if outer.t_start is not None:
+            outer.excluded += max(0.0, now - ph.t_start)
+        if self._phases:
+            self._phases[-1].steps_inside += 1
+        self._seg = outer
+
+    # --- the end -------------------------------------------------------------------------------
+
+    def finish(self, now: float) -> None:
+        """The process is ending: emit what can still be told apart."""
+        while self._phases:
+            self.phase_exit(now)
+        if self._held and self.mode is None:
+            self.mode = "backward"
+            self._release_held(now)
+        seg = self._seg
+        if self.mode == "optimizer" and self._is_eval(seg) and seg.mark is not None:
+            eval_part, _ = self._split(seg, seg.mark)
+            self._finish(eval_part, seg.mark.t, "optimizer", EVAL)
+        self._seg = _Segment()

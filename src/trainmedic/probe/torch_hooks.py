@@ -1,0 +1,336 @@
+"""The probe's hooks into torch, installed right after the job imports torch.
+
+* Optimizer steps: torch's global ``register_optimizer_step_pre_hook`` /
+  ``register_optimizer_step_post_hook``.
+* Outermost module calls: a thin wrapper around ``torch.nn.Module.__call__``
+  that returns straight to the original for nested calls. (Torch's global
+  module hooks would do the same job but push *every* submodule call onto
+  the slow path of ``_call_impl``: about 1.3 µs per call, against 0.2 µs.)
+* Backward calls: a wrapper around ``torch.autograd.backward``, which
+  ``Tensor.backward`` calls.
+* DataLoaders: wrappers around ``_BaseDataLoaderIter.__next__`` (time blocked
+  and the batch's size), ``DataLoader.__iter__`` (the loader's settings, once
+  per loader), the worker loop (marks the process as a DataLoader worker and
+  samples its stack) and the pin-memory loop (registers that thread).
+
+Every wrapper calls the original outside its own ``try`` blocks, so the job's
+exceptions and ``StopIteration`` pass through untouched; the probe's own
+errors disable the failing part (:mod:`trainmedic.probe.parts`). Under
+``torch.compile`` tracing the wrappers step aside, so they never cause graph
+breaks. Only the training thread's calls are timed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainmedic.probe.runtime import Probe
+
+_get_ident = threading.get_ident
+_MAX_DEPTH = 4
+
+
+def batch_size(value: Any, tensor_type: type, depth: int = 0) -> int | None:
+    """First dimension of the first tensor found in ``value`` (tuples, lists, dicts)."""
+    if depth == 0 and type(value) in (tuple, list) and value:
+        first = value[0]  # the common case, ``(x, y)``, without a recursive call
+        if isinstance(first, tensor_type):
+            shape = first.shape  # type: ignore[attr-defined]
+            return int(shape[0]) if len(shape) > 0 else None
+    if isinstance(value, tensor_type):
+        shape = value.shape  # type: ignore[attr-defined]
+        return int(shape[0]) if len(shape) > 0 else None
+    if depth >= _MAX_DEPTH:
+        return None
+    if isinstance(value, (tuple, list)):
+        for item in value[:8]:
+            found = batch_size(item, tensor_type, depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, Mapping):
+        for i, item in enumerate(value.values()):
+            if i >= 8:
+                break
+            found = batch_size(item, tensor_type, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _autocast_reader(torch: Any) -> Callable[[], bool | None]:
+    """A function telling whether autocast is on (CUDA or CPU), whichever API torch has."""
+    is_enabled = getattr(torch, "is_autocast_enabled", None)
+    if is_enabled is None:
+        return lambda: None
+    try:
+        is_enabled("cuda")
+
+        def by_device() -> bool | None:
+            return bool(is_enabled("cuda") or is_enabled("cpu"))
+
+        return by_device
+    except TypeError:
+        cpu = getattr(torch, "is_autocast_cpu_enabled", lambda: False)
+
+        def legacy() -> bool | None:
+            return bool(is_enabled() or cpu())
+
+        return legacy
+
+
+def _compiling_reader(torch: Any) -> Callable[[], bool]:
+    compiler = getattr(torch, "compiler", None)
+    fn = getattr(compiler, "is_compiling", None)
+    if fn is None:
+        dynamo = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+        fn = dynamo
+    return fn if fn is not None else (lambda: False)
+
+
+def install(torch: Any, probe: Probe) -> list[str]:
+    """Install every hook whose part is on; returns the names of those installed."""
+    installed: list[str] = []
+    steps = probe.parts["steps"]
+    for name, installer in (
+        ("steps", _install_optimizer_hooks),
+        ("forward", _install_forward),
+        ("backward", _install_backward),
+        ("loader", _install_loader),
+    ):
+        part = probe.parts[name]
+        if not part.on or (name != "loader" and not steps.on):
+            continue
+        try:
+            installer(torch, probe)
+            installed.append(name)
+        except Exception as exc:
+            part.fail(exc)
+    return installed
+
+
+def uninstall(probe: Probe) -> None:
+    """Put torch back as it was (hooks removed, originals restored), newest first."""
+    while probe.restore:
+        probe.restore.pop()()
+
+
+# --- optimizer steps ----------------------------------------------------------------------
+
+
+def _install_optimizer_hooks(torch: Any, probe: Probe) -> None:
+    # ``torch.optim`` deletes its ``optimizer`` attribute; the module is still there.
+    optimizer_mod = importlib.import_module("torch.optim.optimizer")
+    part = probe.parts["steps"]
+    tracker = probe._ensure_tracker()
+    clock = probe.clock
+    state = probe.state
+
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not part.on or _get_ident() != state.training_ident:
+            return
+        try:
+            if part.fault:
+                part.check()
+            tracker.optimizer_enter(clock())
+        except Exception as exc:
+            part.fail(exc)
+
+    def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not part.on:
+            return
+        try:
+            if _get_ident() != state.training_ident and not probe.adopt_training_thread():
+                return
+            tracker.optimizer_exit(clock(), id(optimizer))
+        except Exception as exc:
+            part.fail(exc)
+
+    probe.restore.append(optimizer_mod.register_optimizer_step_pre_hook(pre_hook).remove)
+    probe.restore.append(optimizer_mod.register_optimizer_step_post_hook(post_hook).remove)
+
+
+# --- outermost forward calls ---------------------------------------------------------------
+
+
+def _install_forward(torch: Any, probe: Probe) -> None:
+    module_cls = torch.nn.Module
+    original = module_cls.__call__
+    part = probe.parts["forward"]
+    tracker = probe._ensure_tracker()
+    clock = probe.clock
+    state = probe.state
+    tensor = torch.Tensor
+    is_compiling = _compiling_reader(torch)
+    is_grad_enabled = torch.is_grad_enabled
+    autocast = _autocast_reader(torch)
+
+    @functools.wraps(original)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if state.depth or not part.on or _get_ident() != state.training_ident or is_compiling():
+            return original(self, *args, **kwargs)
+        try:
+            if part.fault:
+                part.check()
+            grad = is_grad_enabled()
+            if tracker.wants_batch:
+                samples = batch_size(args, tensor) if args else batch_size(kwargs, tensor)
+                tracker.forward_enter(clock(), samples, grad, autocast())
+            else:
+                tracker.forward_enter(clock(), None, grad, None)
+        except Exception as exc:
+            part.fail(exc)
+            tracker.compute_exit(clock(), "forward")
+            return original(self, *args, **kwargs)
+        state.depth = 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            state.depth = 0
+            try:
+                tracker.forward_exit(clock(), grad)
+            except Exception as exc:
+                part.fail(exc)
+
+    module_cls.__call__ = __call__
+    probe.restore.append(lambda: setattr(module_cls, "__call__", original))
+
+
+# --- backward ----------------------------------------------------------------------------------
+
+
+def _install_backward(torch: Any, probe: Probe) -> None:
+    autograd = torch.autograd
+    original = autograd.backward
+    part = probe.parts["backward"]
+    tracker = probe._ensure_tracker()
+    clock = probe.clock
+    state = probe.state
+    is_compiling = _compiling_reader(torch)
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if not part.on or _get_ident() != state.training_ident or is_compiling():
+            return original(*args, **kwargs)
+        try:
+            if part.fault:
+                part.check()
+            tracker.backward_enter(clock())
+        except Exception as exc:
+            part.fail(exc)
+            tracker.compute_exit(clock(), "backward")
+            return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            try:
+                tracker.backward_exit(clock())
+            except Exception as exc:
+                part.fail(exc)
+
+    autograd.backward = backward
+    probe.restore.append(lambda: setattr(autograd, "backward", original))
+
+
+# --- DataLoaders ---------------------------------------------------------------------------------
+
+
+def _install_loader(torch: Any, probe: Probe) -> None:
+    data = torch.utils.data
+    dataloader_mod = data.dataloader
+    iter_cls = dataloader_mod._BaseDataLoaderIter
+    loader_cls = data.DataLoader
+    original_next = iter_cls.__next__
+    original_iter = loader_cls.__iter__
+    part = probe.parts["loader"]
+    tracker = probe._ensure_tracker()
+    clock = probe.clock
+    state = probe.state
+    tensor = torch.Tensor
+    seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(original_next)
+    def __next__(self: Any) -> Any:
+        if not part.on or _get_ident() != state.training_ident:
+            return original_next(self)
+        try:
+            if part.fault:
+                part.check()
+            tracker.loader_enter(clock())
+            if not state.loader_used:
+                probe.loader_in_use()
+        except Exception as exc:
+            part.fail(exc)
+            return original_next(self)
+        batch: Any = None
+        fetched = False
+        try:
+            batch = original_next(self)
+            fetched = True
+            return batch
+        finally:
+            try:
+                samples = batch_size(batch, tensor) if fetched else None
+                tracker.loader_exit(clock(), samples, fetched)
+            except Exception as exc:
+                part.fail(exc)
+
+    @functools.wraps(original_iter)
+    def __iter__(self: Any) -> Any:
+        iterator = original_iter(self)
+        if part.on:
+            try:
+                if self not in seen:
+                    seen[self] = len(seen) + 1
+                    probe.loader_created(self, seen[self])
+            except Exception as exc:
+                part.fail(exc)
+        return iterator
+
+    iter_cls.__next__ = __next__
+    loader_cls.__iter__ = __iter__
+    probe.restore.append(lambda: setattr(iter_cls, "__next__", original_next))
+    probe.restore.append(lambda: setattr(loader_cls, "__iter__", original_iter))
+    _install_worker_loop(data, probe)
+    _install_pin_loop(data, probe)
+
+
+def _install_worker_loop(data: Any, probe: Probe) -> None:
+    worker_mod = data._utils.worker
+    original = worker_mod._worker_loop
+
+    # ``functools.wraps`` keeps the name and module, so workers started with
+    # the spawn method still find this function by name when unpickling.
+    @functools.wraps(original)
+    def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+        probe.become_worker()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            probe.worker_done()
+
+    worker_mod._worker_loop = _worker_loop
+    probe.restore.append(lambda: setattr(worker_mod, "_worker_loop", original))
+
+
+def _install_pin_loop(data: Any, probe: Probe) -> None:
+    pin_mod = data._utils.pin_memory
+    original = pin_mod._pin_memory_loop
+
+    @functools.wraps(original)
+    def _pin_memory_loop(*args: Any, **kwargs: Any) -> Any:
+        ident = _get_ident()
+        probe.state.pin_threads.add(ident)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            probe.state.pin_threads.discard(ident)
+
+    pin_mod._pin_memory_loop = _pin_memory_loop
+    probe.restore.append(lambda: setattr(pin_mod, "_pin_memory_loop", original))

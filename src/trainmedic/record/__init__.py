@@ -1,0 +1,1 @@
+"""The run record: typed measurements of one training run, bounded on disk."""

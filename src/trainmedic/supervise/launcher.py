@@ -1,0 +1,414 @@
+"""Start the user's command as a child in its own session, and stop it and its kin.
+
+The child runs in a new session (its own process group), so the terminal's
+Ctrl-C reaches trainmedic only and trainmedic decides what the job gets
+(:class:`SignalForwarder`). Its stdout and stderr are pseudo-terminals when
+ours are terminals (so the job buffers, colours and draws progress bars as it
+would without trainmedic) and pipes otherwise. When our stdout and stderr go
+to the same place (one terminal, or ``> log 2>&1``), the job gets a single
+channel for both, so their interleaving stays exactly as the job wrote it.
+The probe reaches the job through its environment (:func:`probe_environment`).
+
+trainmedic makes itself a child subreaper (Linux) so processes the job
+leaves behind are re-parented to it and :meth:`Job.reap_leftovers` can stop
+them: no orphan outlives ``trainmedic run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+import trainmedic
+from trainmedic.errors import TrainmedicError
+from trainmedic.probe import BOOTSTRAP_DIR
+from trainmedic.probe import env as probe_env
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class CommandNotFoundError(TrainmedicError):
+    """The command does not exist (exit 127, like a shell)."""
+
+    exit_code = 127
+
+
+class CommandNotExecutableError(TrainmedicError):
+    """The command exists but cannot be executed (exit 126, like a shell)."""
+
+    exit_code = 126
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's ``$?`` for a child's return code: ``128 + signal`` when killed."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def probe_environment(
+    base: Mapping[str, str],
+    address: str,
+    token: str,
+    run_dir: Path,
+    probe: bool = True,
+) -> dict[str, str]:
+    """The job's environment: ``base`` plus what the probe needs.
+
+    The bootstrap directory goes first on ``PYTHONPATH``; an existing
+    ``PYTHONPATH`` follows unchanged.
+    """
+    env = dict(base)
+    if not probe:
+        return env
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + existing if existing else "")
+    env[probe_env.ADDR] = address
+    env[probe_env.TOKEN] = token
+    env[probe_env.HOME] = str(Path(trainmedic.__file__).resolve().parent.parent)
+    env[probe_env.RUN_DIR] = str(run_dir.resolve())
+    return env
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``); ``False`` elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _resolve(argv0: str, env: Mapping[str, str]) -> str:
+    """The executable ``argv0`` names, as a shell would find it.
+
+    Raises:
+        CommandNotFoundError / CommandNotExecutableError.
+    """
+    if os.sep in argv0:
+        path = Path(argv0)
+        if not path.exists():
+            raise CommandNotFoundError(f"command not found: {argv0}")
+        if path.is_dir() or not os.access(path, os.X_OK):
+            raise CommandNotExecutableError(f"command not executable: {argv0}")
+        return argv0
+    found = shutil.which(argv0, path=env.get("PATH", os.defpath))
+    if found is None:
+        # Distinguish "exists but not executable" the way shells do.
+        for directory in env.get("PATH", os.defpath).split(os.pathsep):
+            candidate = Path(directory or ".") / argv0
+            if candidate.is_file():
+                raise CommandNotExecutableError(f"command not executable: {argv0}")
+        raise CommandNotFoundError(f"command not found: {argv0}")
+    return found
+
+
+@dataclass
+class OutputStream:
+    """The parent's end of one of the job's output streams.
+
+    Attributes:
+        fd: what trainmedic reads (a pty master or a pipe's read end).
+        is_pty: whether the job sees a terminal on this stream.
+    """
+
+    fd: int
+    is_pty: bool
+
+
+def same_destination(a: int, b: int) -> bool:
+    """Whether descriptors ``a`` and ``b`` lead to the same terminal, pipe or file."""
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    if os.isatty(a) and os.isatty(b):
+        return sa.st_rdev == sb.st_rdev
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _winsize(fd: int) -> bytes | None:
+    try:
+        return fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8)
+    except OSError:
+        return None
+
+
+def _open_pty(like_fd: int) -> tuple[int, int]:
+    """A pty pair whose slave passes bytes unchanged and has ``like_fd``'s size."""
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # no "\n" -> "\r\n": the job's bytes pass unchanged
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    size = _winsize(like_fd)
+    if size is not None:
+        with contextlib.suppress(OSError):
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+    return master, slave
+
+
+class Job:
+    """The user's command, running."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], streams: dict[int, OutputStream]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.streams = streams
+        self.seen: dict[int, float] = {}
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        stdout_fd: int = 1,
+        stderr_fd: int = 2,
+        merge: bool = False,
+    ) -> Job:
+        """Start ``argv`` in a new session with the job's output streams captured.
+
+        ``streams`` maps each of ``stdout_fd`` / ``stderr_fd`` to what
+        trainmedic reads for it; with ``merge`` only ``stdout_fd`` is there,
+        carrying both of the job's streams in the order they were written.
+
+        Raises:
+            CommandNotFoundError: exit 127.
+            CommandNotExecutableError: exit 126.
+        """
+        if not argv:
+            raise CommandNotFoundError("no command given")
+        executable = _resolve(argv[0], env)
+        streams: dict[int, OutputStream] = {}
+        child_ends: dict[int, int] = {}
+        try:
+            for target in (stdout_fd,) if merge else (stdout_fd, stderr_fd):
+                if os.isatty(target):
+                    master, slave = _open_pty(target)
+                    streams[target] = OutputStream(master, True)
+                    child_ends[target] = slave
+                else:
+                    r, w = os.pipe()
+                    streams[target] = OutputStream(r, False)
+                    child_ends[target] = w
+            try:
+                popen = subprocess.Popen(
+                    list(argv),
+                    executable=executable,
+                    env=dict(env),
+                    cwd=cwd,
+                    stdin=None,
+                    stdout=child_ends[stdout_fd],
+                    stderr=child_ends[stdout_fd if merge else stderr_fd],
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except FileNotFoundError:
+                raise CommandNotFoundError(f"command not found: {argv[0]}") from None
+            except PermissionError:
+                raise CommandNotExecutableError(f"command not executable: {argv[0]}") from None
+            except OSError as exc:
+                if exc.errno == errno.ENOEXEC:
+                    raise CommandNotExecutableError(
+                        f"command not executable: {argv[0]} (exec format error)"
+                    ) from None
+                raise
+        except BaseException:
+            for s in streams.values():
+                with contextlib.suppress(OSError):
+                    os.close(s.fd)
+            raise
+        finally:
+            for fd in child_ends.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        return cls(popen, streams)
+
+    # --- observing ---------------------------------------------------------------------
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The return code, or ``None`` if still running after ``timeout`` seconds."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def descendants(self) -> list[psutil.Process]:
+        """Live processes of the job: the leader's tree while it lives, plus
+        processes re-parented to trainmedic (the subreaper) afterwards."""
+        found: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(self.pid)
+            if leader.status() != psutil.STATUS_ZOMBIE:
+                found[leader.pid] = leader
+            for p in leader.children(recursive=True):
+                found[p.pid] = p
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process().children(recursive=True):
+                if p.pid != self.pid:
+                    found.setdefault(p.pid, p)
+        return [p for p in found.values() if _alive(p)]
+
+    # --- acting ----------------------------------------------------------------------------
+
+    def signal_group(self, sig: int) -> bool:
+        """Send ``sig`` to the job's process group; ``False`` when the group is gone."""
+        try:
+            os.killpg(self.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def resize(self, like_fd: int) -> None:
+        """Give the job's terminals ``like_fd``'s size and tell its processes."""
+        size = _winsize(like_fd)
+        if size is None:
+            return
+        for s in self.streams.values():
+            if s.is_pty:
+                with contextlib.suppress(OSError):
+                    fcntl.ioctl(s.fd, termios.TIOCSWINSZ, size)
+        self.signal_group(signal.SIGWINCH)
+
+    def reap_leftovers(
+        self, grace_s: float = 3.0, sleep: Callable[[float], None] = time.sleep
+    ) -> list[int]:
+        """Stop what the job left running (SIGTERM, then SIGKILL after ``grace_s``).
+
+        Returns the pids that had to be stopped.
+        """
+        left = self.descendants()
+        if not left:
+            return []
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(left, timeout=grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=1.0)
+        self.signal_group(signal.SIGKILL)  # group members psutil could not see
+        return [p.pid for p in left]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def describe_signal(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+@dataclass
+class SignalForwarder:
+    """What trainmedic does with the signals it receives while the job runs.
+
+    Ctrl-C (SIGINT) goes to the job's process group, as the terminal would have
+    sent it; a second one escalates to SIGTERM and a third to SIGKILL. SIGTERM
+    is forwarded, and a second one kills. SIGHUP and SIGQUIT are forwarded as
+    they are. ``notify`` is told, in one line, about each escalation.
+    """
+
+    job: Job | None
+    notify: Callable[[str], None]
+    interrupts: int = 0
+    terminations: int = 0
+    pending: list[int] = field(default_factory=list)
+
+    def attach(self, job: Job) -> None:
+        """The job exists now: deliver what arrived while it was starting."""
+        self.job = job
+        pending, self.pending = self.pending, []
+        for signum in pending:
+            self.handle(signum)
+
+    def resize(self, like_fd: int) -> None:
+        if self.job is not None:
+            self.job.resize(like_fd)
+
+    def handle(self, signum: int) -> None:
+        if self.job is None:
+            self.pending.append(signum)
+            return
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts == 1:
+                self.job.signal_group(signal.SIGINT)
+            elif self.interrupts == 2:
+                self.notify("second Ctrl-C: sending SIGTERM to the job (Ctrl-C again kills it)")
+                self.job.signal_group(signal.SIGTERM)
+            else:
+                self.notify("killing the job (SIGKILL)")
+                self.job.signal_group(signal.SIGKILL)
+        elif signum == signal.SIGTERM:
+            self.terminations += 1
+            if self.terminations == 1:
+                self.job.signal_group(signal.SIGTERM)
+            else:
+                self.notify("second SIGTERM: killing the job (SIGKILL)")
+                self.job.signal_group(signal.SIGKILL)
+        else:
+            self.job.signal_group(signum)
+
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@contextlib.contextmanager
+def forwarding_signals(
+    forwarder: SignalForwarder, on_resize: Callable[[], None] | None = None
+) -> Iterator[SignalForwarder]:
+    """Install the forwarder (and a SIGWINCH handler) for the block; restore after."""
+    previous: dict[int, object] = {}
+
+    def handler(signum: int, _frame: object) -> None:
+        forwarder.handle(signum)
+
+    def winch(_signum: int, _frame: object) -> None:
+        if on_resize is not None:
+            on_resize()
+
+    try:
+        for sig in FORWARDED_SIGNALS:
+            previous[sig] = signal.signal(sig, handler)
+        if on_resize is not None:
+            previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, winch)
+        yield forwarder
+    finally:
+        for number, old in previous.items():
+            with contextlib.suppress(ValueError, TypeError, OSError):
+                signal.signal(number, old)  # type: ignore[arg-type]
+
+
+def pack_winsize(rows: int, cols: int) -> bytes:
+    """A ``struct winsize`` (for tests that size a pty)."""
+    return struct.pack("HHHH", rows, cols, 0, 0)

@@ -1,0 +1,414 @@
+"""The live view: what the run is doing now, on the terminal while it runs.
+
+:class:`LiveAggregate` receives the same records as the run record (it is a
+record sink) and keeps only what the view needs: the last steps of each
+process, the latest GPU and host readings, and the warnings that are already
+certain. :func:`render_panel` turns a :class:`LiveStatus` into lines with rich
+(a small panel; tested at a fixed width); :func:`plain_line` into one line
+for logs. :class:`LiveView` is the thread that shows them: a panel redrawn
+every second on a terminal, a plain line every :data:`PLAIN_INTERVAL_S` to
+stderr otherwise, nothing with ``--quiet``.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.text import Text
+
+from trainmedic.gpu.types import ClockEventReason, GpuSample
+from trainmedic.record.types import HostSample, LoaderActivity, LoaderInfo, RunEvent, StepRecord
+
+WINDOW_STEPS = 50
+"""Recent steps per process the rates and shares are taken over."""
+MIN_CERTAIN_STEPS = 20
+"""Steps in the window before a share-based warning is certain."""
+DATA_WAIT_WARN_SHARE = 0.5
+GPU_WINDOW_S = 30.0
+GPU_LOW_UTIL_PCT = 40.0
+GPU_MIN_SAMPLES = 10
+GPU_MEMORY_FULL = 0.95
+TEMP_MARGIN_C = 3.0
+MAX_WARNINGS = 4
+TTY_INTERVAL_S = 1.0
+PLAIN_INTERVAL_S = 10.0
+_GIB = 1024**3
+_THERMAL = (
+    ClockEventReason.HW_SLOWDOWN
+    | ClockEventReason.SW_THERMAL_SLOWDOWN
+    | ClockEventReason.HW_THERMAL_SLOWDOWN
+    | ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+)
+
+
+@dataclass(frozen=True)
+class GpuNow:
+    """One GPU's latest reading, and its mean utilization over the recent window."""
+
+    index: int
+    utilization_pct: float | None
+    utilization_mean_pct: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    temperature_c: float | None
+
+
+@dataclass(frozen=True)
+class LiveStatus:
+    """What the live view shows at one moment.
+
+    Attributes:
+        steps: train steps of the lead process (rank 0, else the busiest).
+        steps_per_s / data_wait_share: over the lead's last :data:`WINDOW_STEPS` steps.
+        samples_per_s: all processes together, over their recent steps.
+        job_cpu_cores: the job's process tree, cores.
+    """
+
+    elapsed_s: float
+    steps: int
+    phase: str | None
+    steps_per_s: float | None
+    samples_per_s: float | None
+    data_wait_share: float | None
+    processes: int
+    gpus: tuple[GpuNow, ...]
+    job_cpu_cores: float | None
+    warnings: tuple[str, ...]
+
+
+class LiveAggregate:
+    """A record sink keeping the recent state of the run; thread-safe."""
+
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+        self._lock = threading.Lock()
+        self._steps: dict[int, deque[StepRecord]] = {}
+        self._counts: dict[int, int] = {}
+        self._ranks: dict[int, int] = {}
+        self._last_phase: dict[int, str] = {}
+        self._gpu: dict[int, GpuSample] = {}
+        self._gpu_util: dict[int, deque[tuple[float, float]]] = {}
+        self._host: HostSample | None = None
+        self._event_warnings: list[str] = []
+        self._ooms = 0
+
+    # --- the sink -----------------------------------------------------------------------------
+
+    def add_step(self, step: StepRecord) -> None:
+        with self._lock:
+            self._last_phase[step.pid] = step.phase
+            if step.rank is not None:
+                self._ranks[step.pid] = step.rank
+            if step.ooms:
+                self._ooms = max(self._ooms, step.ooms)
+            if step.phase != "train":
+                return
+            window = self._steps.get(step.pid)
+            if window is None:
+                window = self._steps[step.pid] = deque(maxlen=WINDOW_STEPS)
+            window.append(step)
+            self._counts[step.pid] = self._counts.get(step.pid, 0) + 1
+
+    def add_gpu(self, sample: GpuSample) -> None:
+        with self._lock:
+            self._gpu[sample.index] = sample
+            if sample.utilization_gpu_pct is not None:
+                history = self._gpu_util.setdefault(sample.index, deque())
+                history.append((sample.timestamp, sample.utilization_gpu_pct))
+                while history and history[0][0] < sample.timestamp - GPU_WINDOW_S:
+                    history.popleft()
+
+    def add_host(self, sample: HostSample) -> None:
+        with self._lock:
+            self._host = sample
+
+    def add_loader(self, info: LoaderInfo) -> None:
+        return None
+
+    def add_loader_activity(self, activity: LoaderActivity) -> None:
+        return None
+
+    def add_event(self, event: RunEvent) -> None:
+        text = None
+        if event.kind == "probe_error":
+            text = f"probe: {event.message}"
+        elif event.kind in ("exception", "thread_exception"):
+            text = f"pid {event.pid}: {event.message}"
+        elif event.kind in ("sampler_error", "channel_error"):
+            text = event.message
+        if text is None:
+            return
+        with self._lock:
+            if len(self._event_warnings) < MAX_WARNINGS:
+                self._event_warnings.append(text)
+
+    # --- the view's question -------------------------------------------------------------------
+
+    def _lead(self) -> int | None:
+        if not self._steps:
+            return None
+        ranked = [pid for pid in self._steps if self._ranks.get(pid) == 0]
+        if ranked:
+            return ranked[0]
+        return max(self._steps, key=lambda pid: self._counts.get(pid, 0))
+
+    def status(self, now: float) -> LiveStatus:
+        with self._lock:
+            lead = self._lead()
+            window = list(self._steps[lead]) if lead is not None else []
+            steps = self._counts.get(lead, 0) if lead is not None else 0
+            phase = self._last_phase.get(lead) if lead is not None else None
+            duration = sum(s.duration_s for s in window)
+            steps_per_s = len(window) / duration if duration > 0 else None
+            wait_share = (sum(s.data_wait_s for s in window) / duration) if duration > 0 else None
+            samples_per_s = _samples_per_s(self._steps.values())
+            gpus = tuple(self._gpu_now(i) for i in sorted(self._gpu))
+            host = self._host
+            warnings = self._warnings(window, wait_share, gpus)
+            return LiveStatus(
+                elapsed_s=max(0.0, now - self.started_at),
+                steps=steps,
+                phase=phase,
+                steps_per_s=steps_per_s,
+                samples_per_s=samples_per_s,
+                data_wait_share=wait_share,
+                processes=len(self._steps),
+                gpus=gpus,
+                job_cpu_cores=None if host is None else host.job_cpu_pct / 100.0,
+                warnings=warnings,
+            )
+
+    def _gpu_now(self, index: int) -> GpuNow:
+        s = self._gpu[index]
+        history = self._gpu_util.get(index) or ()
+        mean = (
+            sum(u for _, u in history) / len(history) if len(history) >= GPU_MIN_SAMPLES else None
+        )
+        return GpuNow(
+            index=index,
+            utilization_pct=s.utilization_gpu_pct,
+            utilization_mean_pct=mean,
+            memory_used_bytes=s.memory_used_bytes,
+            memory_total_bytes=s.memory_total_bytes,
+            temperature_c=s.temperature_c,
+        )
+
+    def _warnings(
+        self, window: Sequence[StepRecord], wait_share: float | None, gpus: Sequence[GpuNow]
+    ) -> tuple[str, ...]:
+        out: list[str] = []
+        if (
+            wait_share is not None
+            and len(window) >= MIN_CERTAIN_STEPS
+            and wait_share >= DATA_WAIT_WARN_SHARE
+        ):
+            out.append(
+                f"input-bound: {wait_share:.0%} of step time waiting for data "
+                f"(last {len(window)} steps)"
+            )
+        stepping = len(window) >= MIN_CERTAIN_STEPS
+        for g in gpus:
+            if (
+                stepping
+                and g.utilization_mean_pct is not None
+                and g.utilization_mean_pct < GPU_LOW_UTIL_PCT
+            ):
+                out.append(
+                    f"GPU {g.index} mostly idle: {g.utilization_mean_pct:.0f}% busy "
+                    f"over {GPU_WINDOW_S:.0f} s"
+                )
+            if (
+                g.memory_used_bytes is not None
+                and g.memory_total_bytes
+                and g.memory_used_bytes >= GPU_MEMORY_FULL * g.memory_total_bytes
+            ):
+                out.append(
+                    f"GPU {g.index} memory nearly full: "
+                    f"{g.memory_used_bytes / _GIB:.1f} of {g.memory_total_bytes / _GIB:.1f} GiB"
+                )
+            sample = self._gpu[g.index]
+            if sample.clock_event_reasons is not None and sample.reasons & _THERMAL:
+                out.append(
+                    f"GPU {g.index} slowed by heat or power: clock reasons {sample.reasons!s}"
+                )
+            elif (
+                sample.temperature_c is not None
+                and sample.temperature_slowdown_c is not None
+                and sample.temperature_c >= sample.temperature_slowdown_c - TEMP_MARGIN_C
+            ):
+                out.append(
+                    f"GPU {g.index} at {sample.temperature_c:.0f}°C, near its slowdown "
+                    f"temperature ({sample.temperature_slowdown_c:.0f}°C)"
+                )
+        if self._ooms:
+            out.append(f"CUDA out-of-memory errors: {self._ooms}")
+        out.extend(self._event_warnings)
+        return tuple(out[:MAX_WARNINGS])
+
+
+def _samples_per_s(windows: Iterable[deque[StepRecord]]) -> float | None:
+    total = 0.0
+    known = False
+    for window in windows:
+        samples = [s for s in window if s.samples is not None]
+        duration = sum(s.duration_s for s in samples)
+        if samples and duration > 0:
+            total += sum(s.samples or 0 for s in samples) / duration
+            known = True
+    return total if known else None
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h:d}:{m:02d}:{s:02d}"
+
+
+def _num(value: float | None, fmt: str, unit: str) -> str:
+    return "–" if value is None else f"{value:{fmt}}{unit}"
+
+
+def _gpu_text(g: GpuNow) -> str:
+    parts = [f"GPU{g.index} {_num(g.utilization_pct, '.0f', '%')}"]
+    if g.memory_used_bytes is not None and g.memory_total_bytes:
+        parts.append(f"{g.memory_used_bytes / _GIB:.1f}/{g.memory_total_bytes / _GIB:.1f} GiB")
+    if g.temperature_c is not None:
+        parts.append(f"{g.temperature_c:.0f}°C")
+    return " ".join(parts)
+
+
+def status_fields(s: LiveStatus) -> list[str]:
+    """The status as short "label value" fields, in display order."""
+    phase = f" ({s.phase})" if s.phase and s.phase != "train" else ""
+    wait = None if s.data_wait_share is None else 100 * s.data_wait_share
+    fields = [
+        f"step {s.steps}{phase}",
+        f"{_num(s.steps_per_s, '.2f', '')} steps/s",
+        f"{_num(s.samples_per_s, ',.1f', '')} samples/s",
+        f"data wait {_num(wait, '.0f', '%')}",
+    ]
+    fields.extend(_gpu_text(g) for g in s.gpus)
+    if s.job_cpu_cores is not None:
+        fields.append(f"CPU {s.job_cpu_cores:.1f} cores")
+    return fields
+
+
+def plain_line(s: LiveStatus) -> str:
+    """One line for a log: ``trainmedic [0:01:23] step 120 | 3.10 steps/s | ...``."""
+    line = f"trainmedic [{_clock(s.elapsed_s)}] " + " | ".join(status_fields(s))
+    if s.warnings:
+        line += " | ▲ " + "; ".join(s.warnings)
+    return line
+
+
+def render_panel(
+    s: LiveStatus, title: str, width: int, color_system: str | None = "standard"
+) -> list[str]:
+    """The panel as terminal lines (with colour codes), each shorter than ``width``."""
+    body = Text()
+    fields = status_fields(s)
+    body.append("  ".join(fields[:4]), style="bold")
+    if len(fields) > 4:
+        body.append("\n" + "  ".join(fields[4:]))
+    for w in s.warnings:
+        body.append("\n▲ " + w, style="yellow")
+    panel = Panel(
+        body,
+        title=f"trainmedic · {title} · {_clock(s.elapsed_s)}",
+        title_align="left",
+        border_style="dim",
+        expand=True,
+    )
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=max(20, width),
+        force_terminal=color_system is not None,
+        color_system=color_system,  # type: ignore[arg-type]
+        legacy_windows=False,
+        highlight=False,
+    )
+    console.print(panel, crop=True, overflow="ellipsis")
+    return buffer.getvalue().rstrip("\n").split("\n")
+
+
+class LiveView:
+    """Shows the aggregate while the job runs.
+
+    Args:
+        mode: ``panel`` (terminal), ``plain`` (a line every ``interval_s``) or ``off``.
+        show_panel / show_line: where the output goes (the terminal multiplexer).
+        width: the terminal's width now, for the panel.
+    """
+
+    def __init__(
+        self,
+        aggregate: LiveAggregate,
+        mode: str,
+        title: str,
+        show_panel: Callable[[list[str]], bool],
+        show_line: Callable[[str], bool],
+        clear: Callable[[], None],
+        width: Callable[[], int],
+        color_system: str | None,
+        wall: Callable[[], float] = time.time,
+        interval_s: float | None = None,
+    ) -> None:
+        self.aggregate = aggregate
+        self.mode = mode
+        self.title = title
+        self._show_panel = show_panel
+        self._show_line = show_line
+        self._clear = clear
+        self._width = width
+        self._color = color_system
+        self._wall = wall
+        self.interval_s = interval_s or (TTY_INTERVAL_S if mode == "panel" else PLAIN_INTERVAL_S)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.updates = 0
+
+    def start(self) -> None:
+        if self.mode == "off":
+            return
+        self._thread = threading.Thread(target=self._run, name="trainmedic-live", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self.mode == "panel":
+            self._clear()
+
+    def update(self) -> bool:
+        """Show the current status once; ``False`` when it could not be shown now."""
+        status = self.aggregate.status(self._wall())
+        if self.mode == "panel":
+            lines = render_panel(status, self.title, self._width() - 1, self._color)
+            shown = self._show_panel(lines)
+        else:
+            shown = self._show_line(plain_line(status))
+        self.updates += int(shown)
+        return shown
+
+    def _run(self) -> None:
+        # Plain lines wait a full interval first: short jobs print nothing extra.
+        wait = self.interval_s
+        while not self._stop.wait(wait):
+            try:
+                shown = self.update()
+            except Exception:
+                return  # the view is a convenience; the run goes on without it
+            # Not at a line start of the job's output: try again soon.
+            wait = self.interval_s if shown else min(self.interval_s, 0.5)

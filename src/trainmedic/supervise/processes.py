@@ -1,0 +1,176 @@
+"""The job's processes as the probes report them, and where each probe message goes.
+
+:class:`ProcessTable` keeps, per process, its hello, its torch, its last
+heartbeat and whether it said goodbye: what a watchdog needs to tell a
+process making progress from one that is stuck. :class:`MessageRouter` takes
+every decoded channel message and sends records to the run record's writer
+and the live view, and process messages to the table (process starts and
+exits also become events of the record).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from trainmedic.channel.wire import Goodbye, Heartbeat, Hello, ProbeMessage, TorchInfo
+from trainmedic.gpu.types import GpuSample
+from trainmedic.record.types import HostSample, LoaderActivity, LoaderInfo, RunEvent, StepRecord
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """One process of the job as its probe described it.
+
+    Attributes:
+        last_heartbeat: the latest heartbeat, ``None`` before the first.
+        exited_at: Unix time of its goodbye, ``None`` while it runs (or if it died).
+    """
+
+    hello: Hello
+    torch: TorchInfo | None = None
+    last_heartbeat: Heartbeat | None = None
+    exited_at: float | None = None
+
+
+class ProcessTable:
+    """Thread-safe map of pid -> :class:`ProcessState`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pid: dict[int, ProcessState] = {}
+
+    def hello(self, message: Hello) -> bool:
+        """Record a hello; ``True`` when the process is new."""
+        with self._lock:
+            known = self._by_pid.get(message.pid)
+            if known is None:
+                self._by_pid[message.pid] = ProcessState(hello=message)
+                return True
+            self._by_pid[message.pid] = replace(known, hello=message)
+            return False
+
+    def update(self, pid: int, **changes: object) -> None:
+        with self._lock:
+            known = self._by_pid.get(pid)
+            if known is not None:
+                self._by_pid[pid] = replace(known, **changes)  # type: ignore[arg-type]
+
+    def get(self, pid: int) -> ProcessState | None:
+        with self._lock:
+            return self._by_pid.get(pid)
+
+    def snapshot(self) -> dict[int, ProcessState]:
+        with self._lock:
+            return dict(self._by_pid)
+
+    def torch_info(self) -> TorchInfo | None:
+        """The most informative torch report: one with CUDA initialised if any."""
+        with self._lock:
+            infos = [s.torch for s in self._by_pid.values() if s.torch is not None]
+        ready = [i for i in infos if i.cuda_initialized]
+        best = ready or infos
+        return best[0] if best else None
+
+
+class RecordSink(Protocol):
+    """Where records go (the run record's writer, the live view)."""
+
+    def add_step(self, step: StepRecord) -> None: ...
+
+    def add_gpu(self, sample: GpuSample) -> None: ...
+
+    def add_host(self, sample: HostSample) -> None: ...
+
+    def add_loader(self, info: LoaderInfo) -> None: ...
+
+    def add_loader_activity(self, activity: LoaderActivity) -> None: ...
+
+    def add_event(self, event: RunEvent) -> None: ...
+
+
+class MessageRouter:
+    """Fans probe messages and sampler readings out to ``sinks`` and the process table."""
+
+    def __init__(
+        self, sinks: list[RecordSink], table: ProcessTable, wall: Callable[[], float]
+    ) -> None:
+        self.sinks = sinks
+        self.table = table
+        self._wall = wall
+
+    # --- sampler readings -------------------------------------------------------------------
+
+    def add_gpu(self, sample: GpuSample) -> None:
+        for s in self.sinks:
+            s.add_gpu(sample)
+
+    def add_host(self, sample: HostSample) -> None:
+        for s in self.sinks:
+            s.add_host(sample)
+
+    def add_event(self, event: RunEvent) -> None:
+        for s in self.sinks:
+            s.add_event(event)
+
+    # --- the channel -------------------------------------------------------------------------
+
+    def on_message(self, message: ProbeMessage) -> None:
+        if isinstance(message, StepRecord):
+            for s in self.sinks:
+                s.add_step(message)
+        elif isinstance(message, Heartbeat):
+            self.table.update(message.pid, last_heartbeat=message)
+        elif isinstance(message, LoaderActivity):
+            for s in self.sinks:
+                s.add_loader_activity(message)
+        elif isinstance(message, LoaderInfo):
+            for s in self.sinks:
+                s.add_loader(message)
+        elif isinstance(message, RunEvent):
+            self.add_event(message)
+        elif isinstance(message, Hello):
+            self._hello(message)
+        elif isinstance(message, TorchInfo):
+            self.table.update(message.pid, torch=message)
+        elif isinstance(message, Goodbye):
+            self.table.update(message.pid, exited_at=message.t)
+            self.add_event(
+                RunEvent(
+                    t=message.t,
+                    kind="process_exit",
+                    message=f"process {message.pid} exited",
+                    pid=message.pid,
+                )
+            )
+
+    def _hello(self, h: Hello) -> None:
+        new = self.table.hello(h)
+        what = " ".join(h.argv) if h.argv else h.executable
+        if len(what) > 200:
+            what = what[:197] + "..."
+        self.add_event(
+            RunEvent(
+                t=h.t,
+                kind="process_start" if new else "process_role",
+                message=f"{h.role} {h.pid}: {what}"
+                if new
+                else f"process {h.pid} is now a {h.role}",
+                pid=h.pid,
+                data={
+                    "pid": h.pid,
+                    "ppid": h.ppid,
+                    "role": h.role,
+                    "rank": h.rank,
+                    "local_rank": h.local_rank,
+                    "argv": list(h.argv),
+                    "python": h.python,
+                },
+            )
+        )
+
+    def on_problem(self, text: str) -> None:
+        """A channel problem (bad connection, failing consumer) becomes one event."""
+        self.add_event(RunEvent(t=self._wall(), kind="channel_error", message=text))

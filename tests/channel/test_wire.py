@@ -1,0 +1,120 @@
+"""Every channel message survives its one-line JSON form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainmedic.channel.wire import (
+    Goodbye,
+    Heartbeat,
+    Hello,
+    ProbeMessage,
+    TorchInfo,
+    decode_line,
+    encode_message,
+)
+from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
+
+MESSAGES: list[ProbeMessage] = [
+    Hello(
+        pid=10,
+        ppid=9,
+        role="worker",
+        argv=("train.py", "--lr", "3"),
+        rank=1,
+        local_rank=0,
+        python="3.11.7",
+        executable="/usr/bin/python3",
+        t=1.5,
+    ),
+    TorchInfo(
+        pid=10,
+        t=2.0,
+        version="2.4.0+cu124",
+        cuda_version="12.4",
+        cudnn_version=90100,
+        cuda_initialized=True,
+        devices=("NVIDIA H100",),
+        arch_list=("sm_90",),
+    ),
+    Heartbeat(
+        pid=10,
+        t=3.0,
+        steps=7,
+        phase="eval",
+        activity="data",
+        stack=("train.py:10 main",),
+        cpu_s=1.25,
+    ),
+    Goodbye(pid=10, t=4.0, exit_code=None),
+    StepRecord(
+        step=3,
+        t=5.0,
+        duration_s=0.1,
+        data_wait_s=0.05,
+        compute_s=0.04,
+        gpu_time_s=0.03,
+        samples=64,
+        source="backward",
+        phase="train",
+        pid=10,
+        rank=1,
+        alloc_peak_bytes=2**33,
+        reserved_peak_bytes=2**34,
+        alloc_retries=0,
+        ooms=0,
+        autocast=True,
+    ),
+    LoaderInfo(
+        t=6.0,
+        pid=10,
+        loader_id=1,
+        num_workers=4,
+        batch_size=32,
+        pin_memory=True,
+        prefetch_factor=2,
+        persistent_workers=False,
+        dataset_type="x.Y",
+        dataset_len=100,
+    ),
+    LoaderActivity(t=7.0, pid=11, counts={"transform": 3, "idle": 1}, top_frames={"a.py:1 f": 3}),
+    RunEvent(
+        t=8.0, kind="probe_error", message="part 'cuda' disabled", pid=10, data={"part": "cuda"}
+    ),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(message: ProbeMessage) -> None:
+    line = encode_message(message, token="secret")
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    decoded, token = decode_line(line)
+    assert decoded == message
+    assert token == ("secret" if isinstance(message, Hello) else None)
+
+
+def test_only_hello_lines_carry_the_token() -> None:
+    assert b"secret" not in encode_message(MESSAGES[4], token="secret")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"[]\n",
+        b'{"k": "nope"}\n',
+        b'{"k": "hb", "pid": "x", "t": 1}\n',
+        b"not json\n",
+        b'{"t": 1}\n',
+    ],
+)
+def test_malformed_lines_raise(line: bytes) -> None:
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        decode_line(line)
+
+
+def test_lines_are_compact() -> None:
+    obj = json.loads(encode_message(MESSAGES[4]))
+    assert obj["k"] == "step"
+    assert len(encode_message(MESSAGES[4])) < 260

@@ -1,0 +1,132 @@
+"""Other processes on the job's GPU or CPU, from simulated GPU and host series."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from trainmedic.diagnose.contention import cpu_contention, gpu_contention
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.diagnose.view import RunView
+from trainmedic.findings.model import Category, Severity
+from trainmedic.gpu.types import GpuProcess
+from trainmedic.record.types import RunRecord
+
+from .builders import (
+    GIB,
+    T0,
+    during,
+    make_gpu_series,
+    make_host_series,
+    make_machine,
+    make_record,
+    make_steps,
+)
+
+TH = Thresholds()
+BOB = GpuProcess(pid=999, used_memory_bytes=10 * GIB, user="bob", name="python")
+
+
+def shared_gpu_record(t_from: float, t_to: float, *, slow: float = 0.2) -> RunRecord:
+    """100 steps of 0.1 s; steps ending in [t_from, t_to] take ``slow`` s and bob's
+    process sits on GPU 0 meanwhile."""
+    durations = []
+    t = T0
+    for _ in range(100):
+        d = slow if t_from <= t + 0.1 <= t_to else 0.1
+        durations.append(d)
+        t += d
+    series = make_gpu_series(int(t) - int(T0) + 2, period=1.0)
+    series = during(series, t_from, t_to + 1.0, processes=(*series[0].processes, BOB))
+    return make_record(make_steps(100, durations=durations), gpu=series)
+
+
+def test_foreign_process_part_of_the_run_with_measured_slowdown() -> None:
+    (f,) = gpu_contention(RunView.of(shared_gpu_record(T0 + 3.0, T0 + 5.0)), TH)
+    assert f.id == "contention.gpu_process" and f.category is Category.CONTENTION
+    assert f.severity is Severity.WARNING and f.subject == "gpu0"
+    assert f.evidence["foreign_processes"][0]["pid"] == 999
+    assert f.evidence["foreign_processes"][0]["used_memory_mib"] == pytest.approx(10240.0)
+    assert 0.1 < f.evidence["foreign_time_share"] < 0.5
+    assert f.impact is not None and 0.05 < f.impact < 0.5
+    assert "CUDA_VISIBLE_DEVICES" in f.fix
+
+
+def test_foreign_process_without_effect_is_information() -> None:
+    (f,) = gpu_contention(RunView.of(shared_gpu_record(T0 + 3.0, T0 + 5.0, slow=0.1)), TH)
+    assert f.severity is Severity.INFO and f.impact == pytest.approx(0.0)
+
+
+def test_foreign_process_all_run_long_is_a_warning_without_impact() -> None:
+    record = make_record(make_steps(100), gpu=make_gpu_series(12, others=(BOB,)))
+    (f,) = gpu_contention(RunView.of(record), TH)
+    assert f.severity is Severity.WARNING and f.impact is None
+    assert f.evidence["foreign_time_share"] == pytest.approx(1.0)
+
+
+def test_one_sample_blip_under_the_time_share_is_quiet() -> None:
+    series = make_gpu_series(100, period=0.1)
+    series = during(series, T0 + 5.0, T0 + 5.05, processes=(*series[0].processes, BOB))
+    record = make_record(make_steps(100), gpu=series)
+    assert gpu_contention(RunView.of(record), TH) == []
+
+
+def test_no_job_pid_visible_uses_users() -> None:
+    # pids from another namespace: our own process shows as pid 1 of user alice
+    me = GpuProcess(pid=1, user="alice", name="python")
+    record = make_record(make_steps(100), gpu=make_gpu_series(12, job_pids=(), others=(me,)))
+    assert gpu_contention(RunView.of(record, make_machine(user="alice")), TH) == []
+    record = make_record(make_steps(100), gpu=make_gpu_series(12, job_pids=(), others=(me, BOB)))
+    (f,) = gpu_contention(RunView.of(record, make_machine(user="alice")), TH)
+    assert [p["pid"] for p in f.evidence["foreign_processes"]] == [999]
+    assert f.evidence["pid_namespace_matches"] is False
+
+
+def test_job_user_from_the_recorded_environment() -> None:
+    me = GpuProcess(pid=1, user="alice", name="python")
+    record = make_record(make_steps(100), gpu=make_gpu_series(12, job_pids=(), others=(me, BOB)))
+    record.meta = replace(record.meta, environment={"host": {"user": "alice"}})
+    assert len(gpu_contention(RunView.of(record), TH)) == 1
+
+
+def test_gpu_the_job_does_not_use_is_not_judged() -> None:
+    record = make_record(
+        make_steps(100),
+        gpu=make_gpu_series(12) + make_gpu_series(12, index=1, job_pids=(), others=(BOB,)),
+    )
+    assert gpu_contention(RunView.of(record), TH) == []
+
+
+# --- CPU -------------------------------------------------------------------------------
+
+
+def busy_host_record(others_pct: float, system_pct: float = 95.0) -> RunRecord:
+    return make_record(
+        make_steps(100, 0.1),
+        host=make_host_series(12, others_cpu_pct=others_pct, system_cpu_pct=system_pct),
+    )
+
+
+def test_others_using_a_quarter_of_the_cores_on_a_full_machine() -> None:
+    (f,) = cpu_contention(RunView.of(busy_host_record(800.0)), TH)
+    assert f.id == "contention.cpu" and f.subject == "host"
+    assert f.evidence["others_cpu_cores"] == pytest.approx(8.0)
+    assert f.evidence["others_cpu_limit_cores"] == pytest.approx(4.0)
+    assert f.severity is Severity.WARNING
+
+
+@pytest.mark.parametrize(
+    ("others", "system", "fires"),
+    [(400.0, 85.0, True), (399.0, 95.0, False), (800.0, 84.0, False)],
+)
+def test_cpu_edges(others: float, system: float, fires: bool) -> None:
+    assert bool(cpu_contention(RunView.of(busy_host_record(others, system)), TH)) is fires
+
+
+def test_input_bound_run_leaves_cpu_contention_to_the_input_rule() -> None:
+    record = make_record(
+        make_steps(100, 0.1, 0.05),
+        host=make_host_series(12, others_cpu_pct=800.0, system_cpu_pct=95.0),
+    )
+    assert cpu_contention(RunView.of(record), TH) == []

@@ -1,0 +1,248 @@
+"""Input-bound training, split by cause; /dev/shm too small."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmedic.diagnose import diagnose_run
+from trainmedic.diagnose.input_bound import input_bound, recommended_workers, shm_too_small
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.diagnose.view import RunView
+from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.record.types import RunRecord
+
+from .builders import (
+    GIB,
+    JOB_PID,
+    MIB,
+    T0,
+    make_activity,
+    make_event,
+    make_gpu_series,
+    make_host_series,
+    make_loader,
+    make_machine,
+    make_record,
+    make_steps,
+)
+
+TH = Thresholds()
+
+
+def waiting_record(
+    wait: float = 0.15,
+    duration: float = 0.25,
+    *,
+    workers: int = 8,
+    activity: dict[str, int] | None = None,
+    **host: float,
+) -> RunRecord:
+    """200 steps of ``duration`` s waiting ``wait`` s each, on a host with 16 usable cores."""
+    return make_record(
+        make_steps(200, duration, wait),
+        host=make_host_series(55, **host),
+        loaders=[make_loader(workers)],
+        activity=[make_activity(**activity)] if activity else [],
+    )
+
+
+def run_input(record: RunRecord, machine: MachineFacts | None = None) -> list[Finding]:
+    return input_bound(RunView.of(record, machine), TH)
+
+
+def test_zero_workers_with_idle_cores_is_framework_config_with_worker_count() -> None:
+    (f,) = run_input(waiting_record(workers=0, job_cpu_pct=100.0))
+    assert f.id == "input.workers" and f.category is Category.FRAMEWORK_CONFIG
+    assert f.severity is Severity.ERROR
+    assert f.impact == pytest.approx(0.6)
+    assert "num_workers=15" in f.fix and "pin_memory=True" in f.fix
+    assert "persistent_workers=True" in f.fix
+    assert f.evidence["num_workers"] == 0 and f.evidence["usable_cores"] == 16.0
+    assert f.evidence["data_wait_share"] == pytest.approx(0.6)
+
+
+def test_zero_workers_wins_over_file_reads_in_the_main_process() -> None:
+    (f,) = run_input(waiting_record(workers=0, activity={"file_read": 90, "transform": 10}))
+    assert f.id == "input.workers"
+
+
+def test_file_reads_dominating_is_io() -> None:
+    (f,) = run_input(waiting_record(activity={"file_read": 70, "transform": 20, "idle": 500}))
+    assert f.id == "input.io" and f.category is Category.IO
+    assert f.evidence["loader_file_read_share"] == pytest.approx(70 / 90, abs=1e-4)
+    assert "NVMe" in f.fix and "num_workers=15" in f.fix  # 8 workers: more would overlap reads
+
+
+def test_socket_waits_dominating_is_network() -> None:
+    (f,) = run_input(waiting_record(activity={"socket_wait": 60, "transform": 30}))
+    assert f.id == "input.network" and f.category is Category.NETWORK
+    assert "cache" in f.fix
+
+
+def test_workers_saturating_the_usable_cores_is_cpu() -> None:
+    record = waiting_record(
+        workers=15,
+        job_cpu_pct=1550.0,
+        system_cpu_pct=97.0,
+        activity={"transform": 95, "file_read": 5},
+    )
+    (f,) = run_input(record)
+    assert f.id == "input.cpu" and f.category is Category.CPU
+    assert f.evidence["job_cpu_cores"] == pytest.approx(15.5)
+    assert "DALI" in f.fix and "transforms.v2" in f.fix
+
+
+def test_cpu_saturation_edge() -> None:
+    # 85 % of 16 cores = 13.6 cores is saturated; just under (and 8 workers) is "too few".
+    at = waiting_record(workers=8, job_cpu_pct=1360.0, activity={"transform": 50})
+    under = waiting_record(workers=8, job_cpu_pct=1350.0, activity={"transform": 50})
+    assert run_input(at)[0].id == "input.cpu"
+    assert run_input(under)[0].id == "input.cpu"  # cores not idle either: not a worker problem
+    idle = waiting_record(workers=8, job_cpu_pct=800.0, activity={"transform": 50})
+    assert run_input(idle)[0].id == "input.workers"
+
+
+def test_others_taking_the_cores_is_contention() -> None:
+    record = waiting_record(
+        job_cpu_pct=700.0, others_cpu_pct=800.0, system_cpu_pct=95.0, activity={"transform": 80}
+    )
+    (f,) = run_input(record)
+    assert f.id == "input.contention" and f.category is Category.CONTENTION
+    assert f.evidence["others_cpu_cores"] == pytest.approx(8.0)
+
+
+def test_too_few_workers_while_cores_idle_is_framework_config() -> None:
+    (f,) = run_input(
+        waiting_record(workers=2, job_cpu_pct=300.0, activity={"transform": 80, "file_read": 5})
+    )
+    assert f.id == "input.workers" and "num_workers=15" in f.fix
+
+
+def test_without_stack_samples_iowait_points_at_storage() -> None:
+    (f,) = run_input(waiting_record(workers=15, iowait_pct=30.0, job_cpu_pct=300.0))
+    assert f.id == "input.io" and f.evidence["iowait_pct"] == pytest.approx(30.0)
+
+
+def test_without_stack_samples_network_receive_points_at_network() -> None:
+    (f,) = run_input(waiting_record(workers=15, net_recv_bytes_per_s=200.0 * MIB))
+    assert f.id == "input.network"
+    assert f.evidence["net_recv_mib_per_s"] == pytest.approx(200.0)
+
+
+def test_few_stack_samples_do_not_name_a_cause() -> None:
+    (f,) = run_input(waiting_record(workers=15, activity={"file_read": 10}, job_cpu_pct=1500.0))
+    assert f.id == "input.cpu"
+
+
+@pytest.mark.parametrize(
+    ("wait", "duration", "expected"),
+    [
+        (0.124, 0.625, None),  # 19.8 %
+        (0.125, 0.625, Severity.WARNING),  # exactly 20 %
+        (0.124, 0.25, Severity.WARNING),  # 49.6 %
+        (0.125, 0.25, Severity.ERROR),  # exactly 50 %
+    ],
+)
+def test_severity_edges(wait: float, duration: float, expected: Severity | None) -> None:
+    found = run_input(waiting_record(wait, duration))
+    assert [f.severity for f in found] == ([] if expected is None else [expected])
+
+
+def test_wait_hidden_behind_a_busy_gpu_is_not_input_bound() -> None:
+    record = make_record(
+        make_steps(200, 0.25, 0.075),
+        gpu=make_gpu_series(55, utilization_gpu_pct=95.0),
+        loaders=[make_loader(8)],
+    )
+    assert run_input(record) == []  # 30 % wait, but the GPU is idle only 5 %
+
+
+def test_wait_with_an_idle_gpu_counts_fully() -> None:
+    record = make_record(
+        make_steps(200, 0.25, 0.15),
+        gpu=make_gpu_series(55, utilization_gpu_pct=35.0),
+        loaders=[make_loader(0)],
+        host=make_host_series(55),
+    )
+    (f,) = run_input(record)
+    assert f.impact == pytest.approx(0.6) and f.evidence["gpu_utilization_pct"] == 35.0
+
+
+def test_no_finding_below_min_steady_steps() -> None:
+    record = make_record(make_steps(4, 0.25, 0.2), loaders=[make_loader(0)])
+    assert run_input(record) == []
+
+
+def test_recommended_workers_share_cores_between_ranks() -> None:
+    steps = make_steps(50, pid=1, rank=0) + make_steps(50, pid=2, rank=1)
+    view = RunView.of(make_record(steps, host=make_host_series(6)))
+    assert recommended_workers(view, TH) == 7  # 16 cores / 2 ranks - 1 main process
+    lone = RunView.of(make_record(make_steps(50), host=make_host_series(6, usable_cores=64.0)))
+    assert recommended_workers(lone, TH) == 16  # capped
+    tiny = RunView.of(make_record(make_steps(50), host=make_host_series(6, usable_cores=2.0)))
+    assert recommended_workers(tiny, TH) == 2
+
+
+def test_machine_facts_supply_cores_when_host_samples_are_missing() -> None:
+    record = make_record(make_steps(200, 0.25, 0.15), loaders=[make_loader(0)])
+    (f,) = run_input(record, make_machine(cores=32))
+    assert f.evidence["usable_cores"] == 32.0 and "num_workers=16" in f.fix
+
+
+def test_input_cause_is_the_top_finding_of_the_whole_diagnosis() -> None:
+    record = make_record(
+        make_steps(200, 0.25, 0.15),
+        gpu=make_gpu_series(55, utilization_gpu_pct=30.0, memory_used_bytes=8 * GIB),
+        host=make_host_series(55),
+        loaders=[make_loader(8)],
+        activity=[make_activity(file_read=80, transform=10)],
+    )
+    findings = diagnose_run(record)
+    assert findings[0].id == "input.io"
+    assert not any(f.id.startswith("gpu.") for f in findings)  # the idle GPU is the wait
+
+
+# --- /dev/shm --------------------------------------------------------------------------
+
+
+def test_bus_error_event_is_shm_exhausted() -> None:
+    record = make_record(
+        make_steps(20),
+        loaders=[make_loader(8)],
+        events=[
+            make_event(
+                "exception",
+                "RuntimeError: DataLoader worker (pid 77) is killed "
+                "by signal: Bus error. It is possible that dataloader's workers are "
+                "out of shared memory.",
+            )
+        ],
+    )
+    (f,) = shm_too_small(RunView.of(record), TH)
+    assert f.id == "input.shm_exhausted" and f.severity is Severity.ERROR
+    assert "--shm-size" in f.fix and f.evidence["shm_events"] == 1
+
+
+def test_sigbus_exit_with_workers_is_shm_exhausted() -> None:
+    record = make_record(make_steps(20), loaders=[make_loader(4)], exit_code=-7)
+    assert [f.id for f in shm_too_small(RunView.of(record), TH)] == ["input.shm_exhausted"]
+    no_workers = make_record(make_steps(20), loaders=[make_loader(0)], exit_code=-7)
+    assert shm_too_small(RunView.of(no_workers), TH) == []
+
+
+def test_small_shm_with_workers_is_a_warning_and_the_edge_is_quiet() -> None:
+    record = make_record(make_steps(20), loaders=[make_loader(8)])
+    (f,) = shm_too_small(RunView.of(record, make_machine(shm_total=64 * MIB)), TH)
+    assert f.id == "input.shm_small" and f.severity is Severity.WARNING
+    assert f.evidence["shm_total_bytes"] == 64 * MIB
+    assert shm_too_small(RunView.of(record, make_machine(shm_total=1 * GIB)), TH) == []
+    zero = make_record(make_steps(20), loaders=[make_loader(0)])
+    assert shm_too_small(RunView.of(zero, make_machine(shm_total=64 * MIB)), TH) == []
+
+
+def test_job_pid_constant_matches_builders() -> None:
+    # the loader, the steps and the GPU processes of the builders are one job
+    view = RunView.of(make_record(make_steps(10), loaders=[make_loader(2)]))
+    assert view.pids == frozenset({JOB_PID})
+    assert view.record.meta.started_at == T0

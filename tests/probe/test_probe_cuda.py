@@ -1,0 +1,65 @@
+"""The probe's CUDA parts on a real GPU: GPU time from events, allocator statistics, autocast.
+
+Run by scripts/gpu-check (``-m gpu``); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from .probed import SCRIPTS, ProbedRun, run_probed
+
+pytestmark = pytest.mark.gpu
+
+PREP_S = 0.02  # cuda_loop.py's host-side batch preparation in "prep" mode
+
+
+def cuda_loop(tmp_path: Path, *args: object) -> ProbedRun:
+    run = run_probed(
+        [sys.executable, str(SCRIPTS / "cuda_loop.py"), *(str(a) for a in args)], tmp_path
+    )
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert [e for e in run.events if e.kind == "probe_error"] == []
+    return run
+
+
+def test_gpu_time_and_allocator_statistics_are_recorded(tmp_path: Path) -> None:
+    run = cuda_loop(tmp_path, 40, "loader", "amp")
+    steps = run.steps
+    assert len(steps) == 40
+    timed = [s for s in steps if s.gpu_time_s is not None]
+    assert len(timed) >= 38  # read without syncs: all complete by the end
+    assert all(0 < s.gpu_time_s <= s.duration_s * 1.5 for s in timed)  # type: ignore[operator]
+    with_alloc = [s for s in steps if s.alloc_peak_bytes is not None]
+    assert with_alloc, "allocator statistics were never read"
+    assert all(
+        s.alloc_peak_bytes > 0 and s.reserved_peak_bytes >= s.alloc_peak_bytes for s in with_alloc
+    )  # type: ignore[operator]
+    assert all(s.ooms == 0 and s.alloc_retries == 0 for s in with_alloc)
+    assert {s.autocast for s in steps} == {True}
+    torch_info = [m for m in run.messages if type(m).__name__ == "TorchInfo"]
+    assert any(t.cuda_initialized and t.devices for t in torch_info)  # type: ignore[attr-defined]
+
+
+def test_autocast_off_is_reported_off(tmp_path: Path) -> None:
+    run = cuda_loop(tmp_path, 10, "loader")
+    assert {s.autocast for s in run.steps} == {False}
+
+
+def test_host_batch_preparation_is_data_wait_when_the_gpu_waits_for_it(tmp_path: Path) -> None:
+    run = cuda_loop(tmp_path, 20, "prep")
+    later = run.steps[2:]
+    # The GPU sat idle while the host prepared each batch.
+    assert all(s.data_wait_s >= PREP_S * 0.8 for s in later)
+
+
+def test_a_sync_on_a_busy_gpu_is_not_data_wait(tmp_path: Path) -> None:
+    run = cuda_loop(tmp_path, 30, "sync")
+    later = run.steps[5:]
+    total = sum(s.duration_s for s in later)
+    # loss.item() keeps the host waiting while the GPU works: not waiting for data.
+    assert sum(s.data_wait_s for s in later) / total < 0.2
+    assert sum(s.gpu_time_s or 0.0 for s in later) / total > 0.6

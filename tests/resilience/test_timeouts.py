@@ -1,0 +1,322 @@
+"""StepTimeout: healthy runs never trigger, hangs trigger at their bound."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+
+from trainmedic.errors import UsageError
+from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig
+
+# ---------------------------------------------------------------- builders
+
+
+class Timeline:
+    """Feeds a StepTimeout and checks the verdict before every event.
+
+    Within a gap the deadline only moves when an observation arrives, so
+    checking just before each observation finds every hang the watchdog's
+    polling would find.
+    """
+
+    def __init__(self, timeout: StepTimeout | None = None, **config: Any) -> None:
+        self.timeout = timeout or StepTimeout(TimeoutConfig(**config), started_at=0.0)
+        self.t = self.timeout.started_at
+        self.step_number = 0
+        self.hangs: list[float] = []
+
+    def _check(self, t: float) -> None:
+        if self.timeout.verdict(t - 1e-6).hung:
+            self.hangs.append(t)
+
+    def step(self, after_s: float) -> None:
+        self.t += after_s
+        self._check(self.t)
+        self.step_number += 1
+        self.timeout.observe_step(self.t, self.step_number)
+
+    def steps(self, n: int, interval_s: float, rng: random.Random | None = None) -> None:
+        for _ in range(n):
+            jitter = 1.0 if rng is None else rng.uniform(0.8, 1.2)
+            self.step(interval_s * jitter)
+
+    def gap(self, duration_s: float, every_s: float | None = None, **progress: Any) -> None:
+        """A step-less period, with a progress sample every ``every_s`` seconds."""
+        end = self.t + duration_s
+        while every_s is not None and self.t + every_s < end:
+            self.t += every_s
+            self._check(self.t)
+            self.timeout.observe_progress(self.t, **progress)
+        self.t = end
+
+    def phase(self, name: str) -> None:
+        self._check(self.t)
+        self.timeout.observe_phase(self.t, name)
+
+    def first_hang_after(self, limit_s: float = 20_000.0, resolution_s: float = 1.0) -> float:
+        """Seconds after now at which the verdict first says hung (polled like the watchdog)."""
+        for i in range(1, int(limit_s / resolution_s) + 1):
+            if self.timeout.verdict(self.t + i * resolution_s).hung:
+                return i * resolution_s
+        raise AssertionError("never hung")
+
+
+MOVING = {"stack_changed": True, "cpu_s": 9.0}
+SPINNING = {"stack_changed": False, "cpu_s": 10.0, "io_bytes": 0}
+
+
+def p99_bound(intervals: list[float]) -> float:
+    ordered = sorted(intervals)
+    return max(120.0, 5.0 * ordered[math.ceil(0.99 * len(ordered)) - 1])
+
+
+# ------------------------------------------------------------- healthy runs
+
+
+def test_healthy_run_with_periodic_checkpoints_and_evals_never_triggers() -> None:
+    rng = random.Random(7)
+    tl = Timeline()
+    tl.step(300.0)  # imports, dataset indexing: under the 1800 s startup bound
+    for step in range(1, 6001):
+        if step % 2000 == 0:
+            # Evaluation: 10 minutes without steps. The first one survives on
+            # progress evidence; the later ones on the learned pause alone.
+            if step == 2000:
+                tl.gap(600.0, every_s=10.0, **MOVING)
+            else:
+                tl.gap(600.0)
+        elif step % 500 == 0:
+            tl.gap(40.0)  # checkpoint write
+        tl.steps(1, 0.5, rng)
+    assert tl.hangs == []
+    assert tl.step_number == 6001
+    assert [p.after_step for p in tl.timeout.pauses][:4] == [500, 1000, 1500, 2000]
+
+
+def test_marked_phases_get_their_own_generous_bound() -> None:
+    tl = Timeline()
+    tl.steps(50, 1.0)
+    learned = tl.timeout.learned_bound_s
+    tl.phase("eval")
+    tl.gap(1500.0)  # no progress, no steps: fine inside a marked eval (1800 s)
+    tl.phase("train")
+    tl.steps(10, 1.0)
+    assert tl.hangs == []
+    assert tl.timeout.learned_bound_s == learned  # the eval interval was not learned
+    tl.phase("eval")
+    v = tl.timeout.verdict(tl.t + 1)
+    assert v.basis == "phase:eval"
+    assert v.bound_s == 3000.0  # 2 × the 1500 s the previous eval took
+    assert tl.first_hang_after() == 3000.0
+
+
+def test_a_marked_phase_that_hangs_is_caught_at_the_phase_bound() -> None:
+    tl = Timeline()
+    tl.steps(20, 1.0)
+    tl.phase("checkpoint")
+    assert tl.first_hang_after() == 1800.0
+
+
+# --------------------------------------------------------------------- hangs
+
+
+def test_hang_triggers_at_the_learned_bound() -> None:
+    rng = random.Random(3)
+    tl = Timeline()
+    intervals = []
+    tl.step(60.0)
+    for _ in range(300):
+        interval = 30.0 * rng.uniform(0.8, 1.2)
+        intervals.append(interval)
+        tl.step(interval)
+    expected = p99_bound(intervals[5:])  # the first 5 are warm-up
+    assert expected > 150.0  # the quantile rule, not the floor, decides here
+    assert tl.timeout.learned_bound_s == pytest.approx(expected)
+    # The job now hangs: no steps, and the stack does not move.
+    hung_after = tl.first_hang_after()
+    assert expected <= hung_after <= expected + 1.0
+    tl.gap(hung_after - 1.0, every_s=10.0, **SPINNING)
+    assert tl.hangs == []
+    assert tl.timeout.verdict(tl.t + 1.0).hung
+
+
+def test_fast_steps_are_bounded_by_the_floor() -> None:
+    tl = Timeline()
+    tl.steps(500, 0.2)
+    assert tl.timeout.learned_bound_s == 120.0
+    assert tl.first_hang_after() == 120.0
+
+
+def test_no_first_step_is_caught_at_the_startup_bound() -> None:
+    tl = Timeline(startup_s=900.0)
+    assert tl.first_hang_after() == 900.0
+    assert tl.timeout.verdict(10.0).basis == "startup"
+
+
+# ------------------------------------------------------------------- warm-up
+
+
+def test_slow_warmup_steps_do_not_raise_the_bound() -> None:
+    tl = Timeline()
+    tl.step(600.0)
+    for compile_s in (240.0, 120.0, 60.0, 30.0, 10.0):  # compilation, autotuning
+        tl.step(compile_s)
+    tl.steps(300, 1.0)
+    assert tl.hangs == []
+    assert tl.timeout.learned_bound_s == 120.0  # not 5 × 240
+
+
+def test_fast_warmup_steps_do_not_lower_the_bound_or_turn_steps_into_pauses() -> None:
+    tl = Timeline()
+    tl.step(100.0)
+    tl.steps(5, 0.01)  # cached first batches
+    tl.steps(200, 40.0)
+    assert tl.hangs == []
+    assert tl.timeout.pauses == ()
+    assert tl.timeout.learned_bound_s == 200.0
+
+
+def test_warmup_steps_run_under_the_startup_bound() -> None:
+    tl = Timeline()
+    tl.steps(3, 1.0)
+    v = tl.timeout.verdict(tl.t + 1.0)
+    assert v.basis == "warmup"
+    assert v.bound_s == 1800.0
+
+
+# ------------------------------------------------------------------ progress
+
+
+def test_progress_without_steps_extends_the_deadline() -> None:
+    tl = Timeline()
+    tl.steps(200, 0.5)
+    start = tl.t
+    tl.gap(3000.0, every_s=10.0, **MOVING)  # a long unmarked evaluation
+    assert tl.hangs == []
+    v = tl.timeout.verdict(tl.t)
+    assert v.extended and not v.hung
+    # Progress stops: the hang comes one bound after the last sign of life.
+    last_progress = start + 2990.0
+    hang_at = tl.t + tl.first_hang_after()
+    assert hang_at == pytest.approx(last_progress + 120.0, abs=1.0)
+
+
+def test_progress_is_capped() -> None:
+    tl = Timeline()
+    tl.steps(200, 0.5)
+    last_step = tl.t
+    tl.gap(8000.0, every_s=10.0, **MOVING)
+    assert tl.hangs
+    assert tl.hangs[0] - last_step == pytest.approx(7200.0, abs=10.0)
+
+
+def test_spinning_in_place_is_not_progress() -> None:
+    tl = Timeline()
+    tl.steps(200, 0.5)
+    last_step = tl.t
+    tl.gap(600.0, every_s=5.0, **SPINNING)
+    assert tl.hangs
+    assert tl.hangs[0] - last_step == pytest.approx(120.0, abs=5.0)
+
+
+def test_io_or_cpu_with_an_unknown_stack_count_as_progress() -> None:
+    for progress in ({"io_bytes": 50 * 2**20, "stack_changed": False}, {"cpu_s": 8.0}):
+        tl = Timeline()
+        tl.steps(200, 0.5)
+        tl.gap(1000.0, every_s=10.0, **progress)
+        assert tl.hangs == [], progress
+
+
+def test_idle_process_with_unknown_stack_is_not_progress() -> None:
+    tl = Timeline()
+    tl.steps(200, 0.5)
+    tl.gap(300.0, every_s=10.0, cpu_s=0.01)
+    assert tl.hangs
+
+
+# -------------------------------------------------------------------- pauses
+
+
+def test_recurring_pauses_are_learned_and_others_are_not_excused() -> None:
+    tl = Timeline()
+    tl.steps(10, 1.0)
+    # Checkpoints after every 500th step take 200 s; the first shows I/O.
+    for block in range(4):
+        tl.steps(490 if block == 0 else 500, 1.0)
+        if block == 0:
+            tl.gap(200.0, every_s=10.0, io_bytes=100 * 2**20, stack_changed=False)
+        else:
+            tl.gap(200.0)  # no progress evidence at all
+    tl.step(1.0)
+    assert tl.hangs == []
+    assert [p.after_step for p in tl.timeout.pauses] == [500, 1000, 1500, 2000]
+    # At a non-checkpoint step a silence gets the normal bound.
+    tl.steps(123, 1.0)
+    v = tl.timeout.verdict(tl.t + 1.0)
+    assert (v.basis, v.bound_s) == ("learned", 120.0)
+    # At the next checkpoint step the pause bound applies: 2 × the longest
+    # pause (200 s of checkpoint + the 1 s step after it).
+    tl.steps(377, 1.0)
+    v = tl.timeout.verdict(tl.t + 1.0)
+    assert (v.basis, v.bound_s) == ("pause", pytest.approx(402.0))
+    assert tl.first_hang_after() == pytest.approx(402.0, abs=1.0)
+
+
+def test_time_based_checkpoints_are_predicted_within_tolerance() -> None:
+    rng = random.Random(11)
+    tl = Timeline()
+    tl.steps(10, 1.0)
+    for block in range(5):
+        # A checkpoint every 30 minutes: the step count between them varies by ~1 %.
+        tl.steps(1800 + rng.randint(-15, 15), 1.0)
+        if block == 0:
+            tl.gap(180.0, every_s=10.0, io_bytes=2**30)
+        else:
+            tl.gap(180.0)
+    assert tl.hangs == []
+
+
+# ------------------------------------------------------------- fixed, retries
+
+
+def test_fixed_timeout_ignores_learning_and_progress() -> None:
+    tl = Timeline(fixed_s=300.0)
+    tl.steps(100, 1.0)
+    assert tl.timeout.verdict(tl.t).basis == "fixed"
+    last_step = tl.t
+    tl.gap(1000.0, every_s=10.0, **MOVING)
+    assert tl.hangs[0] - last_step == pytest.approx(300.0, abs=10.0)
+
+
+def test_bounds_grow_on_each_retry_up_to_the_cap() -> None:
+    timeout = StepTimeout(started_at=0.0)
+    startup_bounds = []
+    for _ in range(6):
+        startup_bounds.append(timeout.verdict(1.0).bound_s)
+        timeout = timeout.for_next_attempt(started_at=0.0)
+    assert startup_bounds == [1800.0, 2700.0, 4050.0, 6075.0, 7200.0, 7200.0]
+
+
+def test_next_attempt_keeps_what_was_learned_and_warms_up_again() -> None:
+    tl = Timeline()
+    tl.steps(300, 40.0)
+    learned = tl.timeout.learned_bound_s
+    nxt = Timeline(tl.timeout.for_next_attempt(started_at=tl.t))
+    assert nxt.timeout.learned_bound_s == learned
+    nxt.steps(3, 40.0)
+    assert nxt.timeout.verdict(nxt.t).basis == "warmup"
+    nxt.steps(10, 40.0)
+    v = nxt.timeout.verdict(nxt.t)
+    assert (v.basis, v.bound_s) == ("learned", pytest.approx(learned * 1.5))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"floor_s": 0}, {"fixed_s": -5}, {"quantile": 0.1}, {"retry_growth": 0.5}, {"window": 0}],
+)
+def test_bad_settings_are_usage_errors(config: dict[str, Any]) -> None:
+    with pytest.raises(UsageError):
+        TimeoutConfig(**config)

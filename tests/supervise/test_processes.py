@@ -1,0 +1,100 @@
+"""Routing probe messages: records to every sink, process messages to the table and the record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmedic.channel.wire import Goodbye, Heartbeat, Hello, TorchInfo
+from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
+from trainmedic.supervise.processes import MessageRouter, ProcessTable
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("add_"):
+            return lambda value: self.got.append((name[4:], value))
+        raise AttributeError(name)
+
+
+def make_hello(pid: int = 5, role: str = "process") -> Hello:
+    return Hello(
+        pid=pid,
+        ppid=4,
+        role=role,
+        argv=("train.py",),
+        rank=0,
+        local_rank=0,
+        python="3.11",
+        executable="python",
+        t=1.0,
+    )
+
+
+def test_records_reach_every_sink() -> None:
+    a, b = ListSink(), ListSink()
+    router = MessageRouter([a, b], ProcessTable(), wall=lambda: 9.0)  # type: ignore[list-item]
+    step = StepRecord(step=1, t=2.0, duration_s=0.1, pid=5)
+    info = LoaderInfo(
+        t=1.0,
+        pid=5,
+        loader_id=1,
+        num_workers=0,
+        batch_size=8,
+        pin_memory=False,
+        prefetch_factor=None,
+        persistent_workers=False,
+    )
+    activity = LoaderActivity(t=1.0, pid=6, counts={"idle": 1})
+    for message in (step, info, activity):
+        router.on_message(message)
+    expected = [("step", step), ("loader", info), ("loader_activity", activity)]
+    assert a.got == expected and b.got == expected
+
+
+def test_a_process_start_becomes_an_event_with_its_pids() -> None:
+    sink = ListSink()
+    table = ProcessTable()
+    router = MessageRouter([sink], table, wall=lambda: 9.0)  # type: ignore[list-item]
+    router.on_message(make_hello())
+    router.on_message(make_hello(role="worker"))  # a spawned process turning into a worker
+    (_, start), (_, role) = sink.got
+    assert isinstance(start, RunEvent) and start.kind == "process_start"
+    assert (start.data["pid"], start.data["ppid"], start.data["role"]) == (5, 4, "process")
+    assert role.kind == "process_role"
+    state = table.get(5)
+    assert state is not None and state.hello.role == "worker"
+
+
+def test_heartbeats_torch_and_goodbyes_update_the_table() -> None:
+    sink = ListSink()
+    table = ProcessTable()
+    router = MessageRouter([sink], table, wall=lambda: 9.0)  # type: ignore[list-item]
+    router.on_message(make_hello())
+    beat = Heartbeat(pid=5, t=3.0, steps=4, phase="train", activity="data", stack=(), cpu_s=1.0)
+    router.on_message(beat)
+    torch = TorchInfo(
+        pid=5,
+        t=2.0,
+        version="2.4.0",
+        cuda_version="12.4",
+        cudnn_version=None,
+        cuda_initialized=False,
+    )
+    router.on_message(torch)
+    router.on_message(Goodbye(pid=5, t=4.0))
+    state = table.get(5)
+    assert state is not None
+    assert (state.last_heartbeat, state.torch, state.exited_at) == (beat, torch, 4.0)
+    assert table.torch_info() == torch
+    assert [e.kind for _, e in sink.got] == ["process_start", "process_exit"]
+
+
+def test_channel_problems_become_events() -> None:
+    sink = ListSink()
+    router = MessageRouter([sink], ProcessTable(), wall=lambda: 9.0)  # type: ignore[list-item]
+    router.on_problem("channel: refused a connection without the run token")
+    ((_, event),) = sink.got
+    assert (event.kind, event.t) == ("channel_error", 9.0)
