@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from trainmedic.findings.model import Finding, Severity, rank_findings
@@ -39,25 +40,28 @@ def group_by_category(findings: Iterable[Finding]) -> list[tuple[str, list[Findi
     return list(groups.items())
 
 
-def render_finding(f: Finding) -> Group:
+def render_finding(f: Finding) -> Table:
+    """One finding as a grid whose wrapped lines stay under their label."""
     style = SEVERITY_STYLE[f.severity]
-    head = Text()
-    head.append(f"  {SEVERITY_MARK[f.severity]} {f.severity.value.upper():7} ", style=style)
-    head.append(f.title, style="bold")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=1)
+    grid.add_column(no_wrap=True, min_width=9)
+    grid.add_column(ratio=1, overflow="fold")
+    head = Text(f.title, style="bold")
     if f.impact is not None:
         head.append(f"  (~{f.impact:.0%} of time)", style="dim")
-    lines: list[Text] = [head]
+    grid.add_row(
+        "", Text(f"{SEVERITY_MARK[f.severity]} {f.severity.value.upper()}", style=style), head
+    )
     if f.evidence:
         ev = "; ".join(f"{k}={format_evidence_value(v)}" for k, v in f.evidence.items())
-        lines.append(Text(f"      evidence: {ev}", style="dim"))
+        grid.add_row("", Text("evidence", style="dim"), Text(ev, style="dim"))
     if f.detail:
-        lines.append(Text(f"      {f.detail}"))
+        grid.add_row("", Text("why", style="dim"), Text(f.detail))
     if f.fix:
-        fix = Text("      fix: ", style="green")
-        fix.append(f.fix)
-        lines.append(fix)
-    lines.append(Text(f"      id: {f.id}", style="dim"))
-    return Group(*lines)
+        grid.add_row("", Text("fix", style="green"), Text(f.fix))
+    grid.add_row("", Text("id", style="dim"), Text(f.id, style="dim"))
+    return grid
 
 
 def render_findings(
