@@ -437,6 +437,7 @@ class Checkpointer:
                 skipped=tuple(problems),
             )
             self._last_save_step = info.step
+            _report_resumed(self.resumed)
             return info.step
         listing = "; ".join(f"{name}: {problem}" for name, problem in problems)
         raise CheckpointError(
@@ -447,6 +448,28 @@ class Checkpointer:
 
 
 # --------------------------------------------------------------------- helpers
+
+
+def _report_resumed(loaded: LoadedCheckpoint) -> None:
+    """Tell the supervisor of ``trainmedic run`` (when there is one) where the job
+    resumed: restart accounting counts the steps it redoes from there."""
+    from trainmedic.api import _probe
+
+    probe = _probe()
+    if probe is None:
+        return
+    with contextlib.suppress(Exception):  # a report must never fail a resume
+        from trainmedic.record.types import RunEvent
+
+        probe.emit(
+            RunEvent(
+                t=time.time(),
+                kind="checkpoint_resumed",
+                message=f"resumed from {loaded.path.name} (step {loaded.step})",
+                pid=os.getpid(),
+                data={"step": loaded.step, "path": str(loaded.path)},
+            )
+        )
 
 
 def _write_atomic(

@@ -52,7 +52,16 @@ def test_output_and_exit_code_pass_through_unchanged(tmp_path: Path, code: int) 
 def test_a_job_killed_by_a_signal_exits_like_a_shell_says(tmp_path: Path) -> None:
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     got = trainmedic(
-        "--quiet", "--no-html", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", code
+        "--quiet",
+        "--no-html",
+        "--max-restarts",
+        "0",  # a SIGKILL from outside is restarted by default; here only the status matters
+        "--out",
+        str(tmp_path / "run"),
+        "--",
+        sys.executable,
+        "-c",
+        code,
     )
     assert got.returncode == 128 + signal.SIGKILL
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())

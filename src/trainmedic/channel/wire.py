@@ -77,6 +77,8 @@ class Heartbeat:
         stack: innermost frames of the main thread, ``"file:line function"``,
             innermost first.
         cpu_s: CPU time of the process so far, seconds.
+        work: outermost forward/backward/optimizer calls and DataLoader batches
+            so far: a job running an unmarked evaluation keeps increasing it.
     """
 
     pid: int
@@ -86,6 +88,7 @@ class Heartbeat:
     activity: str
     stack: tuple[str, ...]
     cpu_s: float
+    work: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "activity": message.activity,
             "stack": list(message.stack),
             "cpu_s": message.cpu_s,
+            "work": message.work,
         }
     elif isinstance(message, Hello):
         obj = {
@@ -205,6 +209,7 @@ def _heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
         activity=_str(obj.get("activity", "other")),
         stack=tuple(_str(s) for s in _list(obj.get("stack", []))),
         cpu_s=float(obj.get("cpu_s", 0.0)),
+        work=_int(obj.get("work", 0)),
     )
 
 

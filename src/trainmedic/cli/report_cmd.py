@@ -144,12 +144,14 @@ def _write(flag: str, path: Path, write: Callable[[Path], None]) -> None:
 
 def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> None:
     from trainmedic.record.stats import summarize
+    from trainmedic.report.incidents import render_incidents
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console = Console(highlight=False)
     render_run_summary(console, record.meta, summarize(record))
     console.print()
+    render_incidents(console, record)
     render_findings(console, findings, "findings", show_info=not brief)
 
 

@@ -12,13 +12,18 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
 from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
+from trainmedic.cli.resilience_options import resilience_options
 from trainmedic.errors import UsageError
 from trainmedic.findings.model import Finding, FindingsDocument
+
+if TYPE_CHECKING:
+    from trainmedic.supervise.attempts import ResilienceOptions
 
 FINDINGS_FILE = "findings.json"
 HTML_FILE = "report.html"
@@ -50,6 +55,7 @@ HTML_FILE = "report.html"
     help="Exit 1 when the job succeeded but a finding reaches this severity.",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+@resilience_options
 def run(
     out: str | None,
     simulate: str | None,
@@ -58,10 +64,14 @@ def run(
     no_probe: bool,
     fail_on: str,
     command: tuple[str, ...],
+    resilience: ResilienceOptions,
 ) -> int:
     """Run CMD (python train.py, python -m pkg.train, torchrun ..., any program)
     under supervision: its output passes through unchanged, its exit code is
-    trainmedic's, and the run is diagnosed when it ends."""
+    trainmedic's, and the run is diagnosed when it ends. A hang (no step for
+    longer than the learned or given timeout) or a crash is classified, and the
+    job restarted with remedies and resumed from its last checkpoint
+    (docs/restarts.md); a bug is not restarted."""
     from trainmedic.simulation import load_simulation
     from trainmedic.supervise.rundir import default_run_dir, prepare_run_dir
     from trainmedic.supervise.session import RunOptions, RunSession
@@ -82,6 +92,7 @@ def run(
         live="off" if quiet else "auto",
         probe=not no_probe,
         created_dir=created,
+        resilience=resilience,
     )
     outcome = RunSession(options).run()
     findings = _diagnose_and_report(run_dir, outcome, write_html=not no_html)
@@ -101,6 +112,7 @@ def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> li
         from trainmedic.diagnose import diagnose_run
         from trainmedic.record.stats import summarize
         from trainmedic.record.store import load_run_record
+        from trainmedic.report.incidents import render_incidents
         from trainmedic.report.run_summary import render_run_summary
         from trainmedic.report.terminal import render_findings
 
@@ -127,6 +139,7 @@ def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> li
         console.print()
         render_run_summary(console, record.meta, summarize(record))
         console.print()
+        render_incidents(console, record)
         render_findings(console, list(document.findings), "findings")
         where = run_dir / HTML_FILE if write_html else run_dir
         console.print(f"\nreport: {where}", soft_wrap=True, markup=False)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from trainmedic.diagnose.contention import cpu_contention, gpu_contention
 from trainmedic.diagnose.hardware import hardware_faults
 from trainmedic.diagnose.healthy import overall
+from trainmedic.diagnose.incidents import incidents
 from trainmedic.diagnose.input_bound import input_bound, shm_too_small
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.precision import no_mixed_precision
@@ -40,6 +41,7 @@ RULES: tuple[Rule, ...] = (
     throttling,
     hardware_faults,
     stalls,
+    incidents,
 )
 
 

@@ -23,6 +23,7 @@ PART_NAMES = (
     "cuda",  # CUDA events and allocator statistics
     "heartbeat",  # liveness messages with the main thread's frames
     "exceptions",  # sys.excepthook chain and error files
+    "forensics",  # stacks on demand when the supervisor declares a hang
 )
 
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from trainmedic.channel.client import ChannelClient
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
+    from trainmedic.probe.forensics import StackDumps
     from trainmedic.probe.stacks import StackSampler
     from trainmedic.probe.steps import StepDraft, StepTracker
     from trainmedic.record.types import RunEvent, StepRecord
@@ -151,6 +152,9 @@ class Probe:
         self._hello_due = True
         self._connected = False
         self._finished = False
+        # Set by the stack signal's handler, read by the agent (no lock: see forensics).
+        self.dump_requested = False
+        self.stack_dumps: StackDumps | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -162,6 +166,7 @@ class Probe:
                 self._chain_excepthooks()
             except Exception as exc:
                 part.fail(exc)
+        self._install_forensics()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_child)
         atexit.register(self.at_exit)
@@ -195,6 +200,7 @@ class Probe:
         self._hello_due = True
         self._connected = False
         self._finished = False
+        self.dump_requested = False
         self.sampler = None
         self.state.depth = 0
         self.state.training_ident = threading.get_ident()
@@ -241,6 +247,47 @@ class Probe:
             )
         self.emit(Goodbye(pid=self.pid, t=self.wall()))
         self._flush()
+
+    # --- forensics -------------------------------------------------------------------------------
+
+    def _install_forensics(self) -> None:
+        """Stacks on demand (:mod:`trainmedic.probe.forensics`), when the supervisor
+        named a stacks file for this attempt."""
+        part = self.parts["forensics"]
+        stacks_file = os.environ.get("TRAINMEDIC_PROBE_STACKS")  # forensics.STACKS_ENV
+        if not part.on or not stacks_file:
+            return
+        try:
+            part.check()
+            from trainmedic.probe.forensics import StackDumps
+
+            self.stack_dumps = StackDumps(stacks_file, self._request_dump)
+            self.stack_dumps.install()
+        except Exception as exc:
+            part.fail(exc)
+
+    def _request_dump(self) -> None:
+        # Runs inside a signal handler: set a flag, nothing else.
+        self.dump_requested = True
+
+    def _dump_stacks(self) -> None:
+        part = self.parts["forensics"]
+        dumps = self.stack_dumps
+        if not part.on or dumps is None:
+            return
+        try:
+            from trainmedic.probe import forensics
+
+            tracker = self.tracker
+            extra = {
+                "phase": "train" if tracker is None else tracker.phase,
+                "activity": "other" if tracker is None else tracker.activity,
+                "steps": 0 if tracker is None else tracker.train_steps,
+            }
+            data = forensics.collect(self.pid, self.role, self.state.training_ident, extra)
+            forensics.write_json(forensics.json_path(dumps.stacks_file, self.pid), data)
+        except Exception as exc:
+            part.fail(exc)
 
     # --- exceptions ------------------------------------------------------------------------------
 
@@ -579,6 +626,9 @@ class Probe:
                 if not stopping and now >= next_heartbeat:
                     next_heartbeat = now + HEARTBEAT_S
                     self._heartbeat()
+                if self.dump_requested:
+                    self.dump_requested = False
+                    self._dump_stacks()
                 self._flush()
                 if stopping or self.failed:
                     return
@@ -615,6 +665,7 @@ class Probe:
                     activity="other" if tracker is None else tracker.activity,
                     stack=tuple(stack),
                     cpu_s=time.process_time(),
+                    work=0 if tracker is None else tracker.work,
                 )
             )
         except Exception as exc:

@@ -203,6 +203,9 @@ class StepTracker:
     _others: dict[object, int] = field(default_factory=dict)
     _nograd_history: deque[int] = field(default_factory=lambda: deque(maxlen=_EVAL_HISTORY))
     _in_loader_since: float | None = None
+    work: int = 0
+    """Outermost forward, backward and optimizer calls and DataLoader batches so far:
+    the heartbeat's sign that the job is working between steps (an evaluation)."""
 
     # --- what the heartbeat reports ----------------------------------------------------
 
@@ -266,6 +269,7 @@ class StepTracker:
             self._abandon_region("optimizer", now)
         if self._depth == 0:
             self._region_t0 = now
+            self.work += 1
         self._depth += 1
         self._regions.append(kind)
         seg.compute_seen = True
@@ -341,6 +345,7 @@ class StepTracker:
         if start is None:
             return
         wait = max(0.0, now - start)
+        self.work += 1
         seg = self._seg
         seg.loader_wait += wait
         if self._depth > 0:

@@ -25,6 +25,7 @@ from typing import Any
 from trainmedic.findings.model import Finding, Severity, rank_findings
 from trainmedic.record.stats import RunSummary, StepSpan, all_spans, summarize
 from trainmedic.record.types import RunRecord
+from trainmedic.report.incidents import incidents_html
 from trainmedic.report.run_summary import (
     format_command,
     format_duration,
@@ -66,6 +67,7 @@ def render_html_report(record: RunRecord, findings: Sequence[Finding]) -> str:
     sections = [
         _header(record),
         _summary(summarize(record)),
+        incidents_html(record),
         _findings(findings),
         '<h2 id="plots">Over the run</h2>',
         _step_section(record, clock, figures),

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from trainmedic.errors import UsageError
+from trainmedic.findings.model import Category
 from trainmedic.resilience.classify import Classification, FailureClass, GpuRef
 from trainmedic.resilience.remedies import Remedy, apply_remedies, plan_remedies
 
@@ -327,6 +328,30 @@ class retry_at_most(RetryStrategy):
         return f"retry_at_most({self.failure_class.value}, {self.times})"
 
 
+class retry_unless_own_exit(RetryStrategy):
+    """No restart after a process ended itself with a non-zero status and nothing
+    else to explain it: no signal, no error message, no hang (``sys.exit(3)``,
+    ``exit 1`` in a shell script). The program decided to fail; a restart would
+    decide the same. Every other class passes."""
+
+    def __call__(self, state: RestartState, c: Classification) -> bool:
+        return not is_own_exit(c)
+
+    def describe(self) -> str:
+        return "retry_unless_own_exit()"
+
+
+def is_own_exit(c: Classification) -> bool:
+    """An ``unknown`` failure that is only a non-zero exit status (see
+    :class:`retry_unless_own_exit`)."""
+    return (
+        c.failure_class is FailureClass.UNKNOWN
+        and c.signal is None
+        and (c.exit_code or 0) > 0
+        and c.category is Category.TIMEOUT
+    )
+
+
 # ------------------------------------------------------------------------ wait
 
 
@@ -474,20 +499,43 @@ class RestartPolicy:
         return Decision(True, wait_s, reason, remedies)
 
 
+def default_retry(retry_on_exception: bool = False) -> RetryStrategy:
+    """Everything but a bug, a bad command, an outside stop and a program's own
+    non-zero exit; ``retry_on_exception`` restarts after the last two as well."""
+    if retry_on_exception:
+        return retry_unless_class(FailureClass.BAD_COMMAND, FailureClass.PREEMPTED)
+    return retry_unless_class(*NOT_RETRIED_BY_DEFAULT) & retry_unless_own_exit()
+
+
+def default_wait(initial_s: float = 5.0, rng: random.Random | None = None) -> WaitStrategy:
+    """``initial_s`` doubling per restart up to 120 s, plus up to ``min(initial_s, 5)``
+    seconds of jitter (none when ``initial_s`` is 0)."""
+    if initial_s < 0:
+        raise UsageError(f"the backoff must be >= 0 seconds, got {initial_s}")
+    wait: WaitStrategy = wait_exponential(initial_s, 2.0, max(120.0, initial_s))
+    jitter = min(initial_s, 5.0)
+    if jitter > 0:
+        wait = wait + wait_random_jitter(jitter, rng)
+    return wait
+
+
 def default_policy(
     *,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     max_total_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
+    retry_on_exception: bool = False,
+    backoff_s: float = 5.0,
 ) -> RestartPolicy:
     """The policy of ``trainmedic run``: ``--max-restarts`` (3) and an optional time budget,
-    no restart after a bug, a bad command or an outside stop, 5 s doubling to 120 s
-    plus up to 5 s of jitter, cause-aware remedies."""
+    no restart after a bug, a bad command, an outside stop or a program's own non-zero
+    exit (unless ``retry_on_exception``), ``backoff_s`` (5 s) doubling to 120 s plus up
+    to 5 s of jitter, cause-aware remedies."""
     return RestartPolicy(
         stop=default_stop(max_restarts, max_total_s),
-        retry=retry_unless_class(*NOT_RETRIED_BY_DEFAULT),
-        wait=wait_exponential(5.0, 2.0, 120.0) + wait_random_jitter(5.0, rng),
+        retry=default_retry(retry_on_exception),
+        wait=default_wait(backoff_s, rng),
         remedies=plan_state_remedies,
         sleep=sleep,
     )

@@ -103,36 +103,46 @@ def oom_kill_delta(before: int | None, after: int | None) -> int | None:
 
 def read_kernel_log(since_monotonic: float, kmsg: str = "/dev/kmsg") -> tuple[str, ...]:
     """Xid and OOM-killer lines the kernel logged after ``since_monotonic``
-    (``time.monotonic()``, the same clock as the kernel's timestamps)."""
+    (``time.monotonic()``, the clock of the kernel's timestamps); empty when
+    ``/dev/kmsg`` cannot be read (it usually needs root)."""
     try:
         fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return ()
-    found: list[str] = []
-    since_us = since_monotonic * 1e6
+    records: list[str] = []
     try:
-        while True:
+        while len(records) < 100_000:
             try:
-                record = os.read(fd, 8192)
+                record = os.read(fd, 8192)  # one record per read
             except BlockingIOError:
                 break
-            except OSError as exc:
-                if exc.errno == 32:  # EPIPE: a record was overwritten; go on
-                    continue
+            except BrokenPipeError:
+                continue  # a record was overwritten while we read: go on
+            except OSError:
                 break
             if not record:
                 break
-            head, _, message = record.decode("utf-8", "replace").partition(";")
-            fields = head.split(",")
-            try:
-                stamp_us = float(fields[2])
-            except (IndexError, ValueError):
-                continue
-            text = message.split("\n", 1)[0]
-            if stamp_us >= since_us and _KMSG_RELEVANT.search(text):
-                found.append(text)
+            records.append(record.decode("utf-8", "replace"))
     finally:
         os.close(fd)
+    return relevant_kernel_lines(records, since_monotonic)
+
+
+def relevant_kernel_lines(records: Iterable[str], since_monotonic: float) -> tuple[str, ...]:
+    """The Xid and OOM-killer messages among ``/dev/kmsg`` records
+    (``"<prio>,<seq>,<usec>,<flags>;<message>"``) logged at or after ``since_monotonic``."""
+    found: list[str] = []
+    since_us = since_monotonic * 1e6
+    for record in records:
+        head, _, message = record.partition(";")
+        fields = head.split(",")
+        try:
+            stamp_us = float(fields[2])
+        except (IndexError, ValueError):
+            continue
+        text = message.split("\n", 1)[0]
+        if stamp_us >= since_us and _KMSG_RELEVANT.search(text):
+            found.append(text)
     return tuple(found[-50:])
 
 

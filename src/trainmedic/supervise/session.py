@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,16 @@ from trainmedic.host.types import HostFacts
 from trainmedic.probe import env as probe_env
 from trainmedic.record.store import RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
+from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.simulation import Simulation, load_simulation
+from trainmedic.supervise.attempts import (
+    AttemptIO,
+    AttemptLoop,
+    CurrentJob,
+    ResilienceOptions,
+    StopRequests,
+)
 from trainmedic.supervise.launcher import (
-    Job,
-    SignalForwarder,
     become_subreaper,
     exit_status,
     forwarding_signals,
@@ -45,23 +51,16 @@ from trainmedic.supervise.launcher import (
     same_destination,
 )
 from trainmedic.supervise.live import LiveAggregate, LiveView
-from trainmedic.supervise.output import OutputPump, TerminalMux
+from trainmedic.supervise.output import TerminalMux
 from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.rundir import command_name
 from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
+from trainmedic.supervise.watchdog import Watchdog
 
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 OUTPUT_LOG = "output.log"
 """Both streams, in the order written, when they share trainmedic's terminal or file."""
-POLL_S = 0.25
-"""How often the main thread checks whether the job has exited, seconds."""
-OUTPUT_DRAIN_S = 1.0
-"""After the job exits, time its output may take to drain before leftovers are stopped."""
-LEFTOVER_GRACE_S = 3.0
-"""Between SIGTERM and SIGKILL for processes the job left behind."""
-PROBE_DRAIN_S = 2.0
-"""Time the probes' last messages may take to arrive after the job ended."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,7 @@ class RunOptions:
         probe: load the probe into the job's Python processes.
         created_dir: whether ``run_dir`` was created for this run (and may be
             removed again when the job cannot start).
+        resilience: hang detection, restarts and resume (:mod:`.attempts`).
     """
 
     argv: tuple[str, ...]
@@ -82,6 +82,7 @@ class RunOptions:
     probe: bool = True
     cwd: str | None = None
     created_dir: bool = True
+    resilience: ResilienceOptions = field(default_factory=ResilienceOptions)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class RunOutcome:
         exit_status: what a shell would report (128 + signal when killed).
         machine: the machine's facts, for diagnosis.
         leftovers: pids the job left running that trainmedic stopped.
+        attempts: every attempt of the job (one unless it was restarted).
     """
 
     run_dir: Path
@@ -102,6 +104,7 @@ class RunOutcome:
     ended_at: float
     machine: MachineFacts | None
     leftovers: tuple[int, ...] = ()
+    attempts: tuple[AttemptSummary, ...] = ()
 
 
 class _FactsGatherer(threading.Thread):
@@ -135,7 +138,7 @@ class _Observers:
     def __init__(
         self,
         session: RunSession,
-        job: Job,
+        job: CurrentJob,
         backend: GpuBackend,
         simulation: Simulation | None,
         router: MessageRouter,
@@ -170,7 +173,7 @@ class _Observers:
         self._gpu = GpuSampler(backend, self._record_gpu, self._router.add_event)
         self._thread("gpu", "GPU", self._gpu.sample_once)
 
-    def _start_host(self, job: Job) -> None:
+    def _start_host(self, job: CurrentJob) -> None:
         host = HostSampler(
             job.pid, self._router.add_host, tree=job.descendants, cgroup_cpu=_cgroup_reader(job.pid)
         )
@@ -264,7 +267,11 @@ class RunSession:
         )
         writer.write_meta(meta)
         aggregate = LiveAggregate(started_at)
-        router = MessageRouter([writer, aggregate], self.table, self.wall)
+        current: list[CurrentJob] = []
+        watchdog = Watchdog(
+            self.table, lambda: current[0].descendants() if current else [], wall=self.wall
+        )
+        router = MessageRouter([writer, aggregate, watchdog], self.table, self.wall)
         token = secrets.token_hex(16)
         server = ChannelServer(run_dir, token, router.on_message, router.on_problem)
         mode = self._live_mode()
@@ -273,65 +280,56 @@ class RunSession:
         become_subreaper()
         server.start()
         merged = same_destination(self.stdout_fd, self.stderr_fd)
+        logs = (
+            ((self.stdout_fd, OUTPUT_LOG),)
+            if merged
+            else ((self.stdout_fd, STDOUT_LOG), (self.stderr_fd, STDERR_LOG))
+        )
         # Signals are handled from before the job exists: a Ctrl-C while it starts
         # is delivered to it as soon as it does, never lost and never an orphan.
-        forwarder = SignalForwarder(None, mux.notice)
+        forwarder = StopRequests(None, mux.notice)
         cpu0 = time.process_time()
+        observers: list[_Observers] = []
+
+        def start_observers(job: CurrentJob) -> None:
+            current.append(job)
+            observers.append(
+                _Observers(self, job, backend, simulation, router, aggregate, mux, mode)
+            )
+
+        loop = AttemptLoop(
+            argv=options.argv,
+            cwd=options.cwd,
+            env=env,
+            run_dir=run_dir,
+            options=options.resilience,
+            io=AttemptIO(self.stdout_fd, self.stderr_fd, merged, mux, logs),
+            router_event=router.add_event,
+            watchdog=watchdog,
+            stops=forwarder,
+            wait_idle=server.wait_idle,
+            start_observers=start_observers,
+            gpu_backend_kind=backend.kind,
+            wall=self.wall,
+        )
         with forwarding_signals(forwarder, on_resize=lambda: forwarder.resize(self.stdout_fd)):
             try:
-                job = Job.start(
-                    options.argv,
-                    env,
-                    cwd=options.cwd,
-                    stdout_fd=self.stdout_fd,
-                    stderr_fd=self.stderr_fd,
-                    merge=merged,
-                )
+                result = loop.run()
             except BaseException:
+                for o in observers:
+                    o.stop()
                 server.close()
                 writer.close()
                 backend.close()
-                _discard(run_dir, remove_dir=options.created_dir)
+                if not observers:
+                    _discard(run_dir, remove_dir=options.created_dir)
                 raise
-            router.add_event(
-                RunEvent(
-                    t=self.wall(),
-                    kind="job_start",
-                    message=f"job started as pid {job.pid}",
-                    pid=job.pid,
-                )
-            )
-            logs = (
-                ((self.stdout_fd, OUTPUT_LOG),)
-                if merged
-                else ((self.stdout_fd, STDOUT_LOG), (self.stderr_fd, STDERR_LOG))
-            )
-            pumps = [OutputPump(job.streams[fd], fd, run_dir / name, mux) for fd, name in logs]
-            for p in pumps:
-                p.start()
-            forwarder.attach(job)
-            observers = _Observers(self, job, backend, simulation, router, aggregate, mux, mode)
-            while job.wait(POLL_S) is None:
-                pass
-            ended_at = self.wall()
-            returncode = job.returncode if job.returncode is not None else 0
-            for p in pumps:
-                p.join(OUTPUT_DRAIN_S)
-            leftovers = job.reap_leftovers(LEFTOVER_GRACE_S)
-            for p in pumps:
-                p.join(2.0)
-            server.wait_idle(PROBE_DRAIN_S)
-            observers.stop()
+            for o in observers:
+                o.stop()
             server.close()
-        if leftovers:
-            router.add_event(
-                RunEvent(
-                    t=self.wall(),
-                    kind="leftovers_stopped",
-                    message=f"stopped {len(leftovers)} process(es) the job left running",
-                    data={"pids": leftovers},
-                )
-            )
+        ended_at = result.ended_at
+        returncode = result.returncode
+        leftovers = list(result.leftovers)
         for event in _bootstrap_errors(run_dir):
             router.add_event(event)
         wall_s = max(1e-9, self.wall() - started_at)
@@ -348,12 +346,15 @@ class RunSession:
                 data={
                     "cpu_s": round(cpu_s, 3),
                     "wall_s": round(wall_s, 3),
-                    "gpu_period_s": observers.gpu_period_s,
+                    "gpu_period_s": observers[0].gpu_period_s if observers else None,
                 },
             )
         )
         machine = self._machine_facts(
-            backend, simulation, observers.host_facts(), observers.first_gpu
+            backend,
+            simulation,
+            observers[0].host_facts() if observers else None,
+            observers[0].first_gpu if observers else {},
         )
         writer.write_meta(
             RunMeta(
@@ -379,6 +380,7 @@ class RunSession:
             ended_at=ended_at,
             machine=machine,
             leftovers=tuple(leftovers),
+            attempts=result.attempts,
         )
 
     def _machine_facts(

@@ -79,7 +79,8 @@ def stop_job(
 ) -> StopReport:
     """Stop ``job`` and every process it started (see the module docstring)."""
     t0 = clock()
-    tree = {p.pid: p for p in job.descendants()}
+    # The leader is left to Popen: psutil would reap it and lose its return code.
+    tree = {p.pid: p for p in job.descendants() if p.pid != job.pid}
     all_pids = set(tree) | {job.pid}
     _signal_all(job, tree.values(), first_signal)
     deadline = t0 + grace_s
@@ -91,7 +92,7 @@ def stop_job(
     for _ in range(SWEEP_ROUNDS):
         # Children started during the grace period are part of the job too.
         for p in job.descendants():
-            if p.pid not in tree:
+            if p.pid not in tree and p.pid != job.pid:
                 tree[p.pid] = p
                 all_pids.add(p.pid)
         remaining = [p for p in tree.values() if _is_alive(p)]

@@ -1,0 +1,291 @@
+"""What ``trainmedic run`` costs a training job, next to ``torch.profiler``; and doctor's time.
+
+The same small-step job (``overhead_job.py``: an MLP on preloaded data, a few
+milliseconds per step) runs as a plain process, under ``trainmedic run`` and
+under ``torch.profiler``, in rounds that interleave the three (the order
+rotates each round), so a machine whose load drifts affects them alike. Each
+job times its own training loop; the table gives per-step times and their
+ratios to plain, as medians over the rounds, and the ratio of the fastest
+rounds (other users of the machine only ever add time, so the least disturbed
+round is the cleanest view of the cost itself). The supervisor's CPU is read
+with psutil from the ``trainmedic run`` process itself (user + system time)
+while the job runs, as a share of one core; the whole-lifetime share (with
+start-up, diagnosis and report) is given too.
+
+``trainmedic doctor`` (no data checks) is timed as a whole command, median
+of several runs.
+
+    python benchmarks/overhead.py [--rounds 5] [--steps 2000] [--doctor-runs 7] [--ablate]
+
+``--ablate`` adds, to find where an overhead goes, runs under ``trainmedic
+run --no-probe`` (the supervisor alone) and runs with one probe part switched
+off at a time (``TRAINMEDIC_PROBE_DISABLE=<part>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "overhead_job.py"
+POLL_S = 0.05
+ABLATED_PARTS = ("stacks", "forward", "loader", "heartbeat", "steps")
+"""Probe parts switched off one at a time by ``--ablate`` (names from ``probe.parts``)."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a job is run: ``plain``, ``profiler`` or ``run`` (with flags and environment)."""
+
+    name: str
+    kind: str
+    flags: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+MODES = (
+    Mode("plain", "plain"),
+    Mode("trainmedic run", "run"),
+    Mode("torch.profiler", "profiler"),
+)
+ABLATION_MODES = (
+    Mode("trainmedic run --no-probe", "run", ("--no-probe",)),
+    *(
+        Mode(
+            f"trainmedic run, probe without {part}",
+            "run",
+            env=(("TRAINMEDIC_PROBE_DISABLE", part),),
+        )
+        for part in ABLATED_PARTS
+    ),
+)
+
+
+@dataclass
+class Sample:
+    """One job's loop and, under trainmedic, its supervisor's CPU."""
+
+    step_mean_s: float
+    step_median_s: float
+    thread_cpu_s: float
+    process_cpu_s: float
+    supervisor_cpu_during_job: float | None = None
+    supervisor_cpu_lifetime: float | None = None
+    supervisor_reported: float | None = None
+
+
+@dataclass
+class Results:
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+
+
+def bench_line(stdout: str) -> dict[str, float]:
+    for line in stdout.splitlines():
+        if line.startswith("BENCH "):
+            data: dict[str, float] = json.loads(line[6:])
+            return data
+    raise RuntimeError(f"the job printed no BENCH line:\n{stdout[-2000:]}")
+
+
+def run_plain(job_args: list[str], profiler: bool) -> Sample:
+    argv = [sys.executable, str(JOB), *job_args] + (["--profiler"] if profiler else [])
+    got = subprocess.run(argv, capture_output=True, text=True, check=True)
+    b = bench_line(got.stdout)
+    return Sample(
+        b["step_mean_s"],
+        b["step_median_s"],
+        b["thread_cpu_per_step_s"],
+        b["process_cpu_per_step_s"],
+    )
+
+
+def run_supervised(job_args: list[str], run_dir: Path, mode: Mode) -> Sample:
+    """Run the job under ``trainmedic run`` and watch the supervisor with psutil."""
+    argv = [
+        sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", *mode.flags,
+        "--out", str(run_dir), "--", sys.executable, str(JOB), *job_args,
+    ]  # fmt: skip
+    env = dict(os.environ, **dict(mode.env))
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    supervisor = psutil.Process(proc.pid)
+    job_first: tuple[float, float] | None = None
+    job_last: tuple[float, float] | None = None
+    last_cpu = 0.0
+    while proc.poll() is None:
+        try:
+            times = supervisor.cpu_times()
+            cpu = times.user + times.system
+            job_running = bool(supervisor.children())
+        except psutil.Error:
+            break
+        now = time.perf_counter()
+        last_cpu = cpu
+        if job_running:
+            job_first = job_first or (now, cpu)
+            job_last = (now, cpu)
+        time.sleep(POLL_S)
+    stdout, _ = proc.communicate()
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"trainmedic run failed with {proc.returncode}")
+    b = bench_line(stdout)
+    during = None
+    if job_first and job_last and job_last[0] > job_first[0]:
+        during = (job_last[1] - job_first[1]) / (job_last[0] - job_first[0])
+    return Sample(
+        b["step_mean_s"],
+        b["step_median_s"],
+        b["thread_cpu_per_step_s"],
+        b["process_cpu_per_step_s"],
+        supervisor_cpu_during_job=during,
+        supervisor_cpu_lifetime=last_cpu / wall,
+        supervisor_reported=reported_usage(run_dir),
+    )
+
+
+def reported_usage(run_dir: Path) -> float | None:
+    """The supervisor's own account (event ``supervisor_usage``): CPU s / wall s."""
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        event = json.loads(line)
+        if event.get("kind") == "supervisor_usage":
+            data = event.get("data", {})
+            return float(data["cpu_s"]) / max(1e-9, float(data["wall_s"]))
+    return None
+
+
+def overhead(rounds: int, steps: int, threads: int, modes: tuple[Mode, ...]) -> Results:
+    job_args = ["--steps", str(steps), "--threads", str(threads)]
+    results = Results({m.name: [] for m in modes})
+    with tempfile.TemporaryDirectory(prefix="trainmedic-bench-") as tmp:
+        run_plain(job_args, profiler=False)  # warm the page cache and torch's first import
+        for r in range(rounds):
+            k = r % len(modes)
+            for i, mode in enumerate(modes[k:] + modes[:k]):
+                if mode.kind == "run":
+                    s = run_supervised(job_args, Path(tmp) / f"run-{r}-{i}", mode)
+                else:
+                    s = run_plain(job_args, profiler=mode.kind == "profiler")
+                results.samples[mode.name].append(s)
+                print(
+                    f"round {r + 1} {mode.name}: {s.step_mean_s * 1e3:.3f} ms/step", file=sys.stderr
+                )
+    return results
+
+
+def doctor_times(runs: int) -> list[float]:
+    argv = [sys.executable, "-m", "trainmedic", "doctor"]
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def report(results: Results | None, doctor: list[float], args: argparse.Namespace) -> str:
+    lines = [] if results is None else overhead_table(results, args)
+    if doctor:
+        lines += [
+            "",
+            f"`trainmedic doctor` wall time over {len(doctor)} runs: median "
+            f"{statistics.median(doctor):.2f} s, min {min(doctor):.2f} s, max {max(doctor):.2f} s",
+        ]
+    return "\n".join(lines)
+
+
+def overhead_table(results: Results, args: argparse.Namespace) -> list[str]:
+    plain = results.samples["plain"]
+    base_mean = statistics.median(s.step_mean_s for s in plain)
+    base_median = statistics.median(s.step_median_s for s in plain)
+    lines = [
+        f"steps per job: {args.steps}, rounds: {args.rounds}, torch threads: {args.threads}, "
+        f"usable cores: {len(os.sched_getaffinity(0))}",
+        "",
+        "| mode | step time, mean (ms) | step time, median (ms) | ratio to plain (mean) "
+        "| ratio to plain (median) | ratio of least-disturbed rounds | per-round ratios (mean) "
+        "| training thread CPU / step (µs, vs plain) | job process CPU / step (µs, vs plain) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base_min = min(s.step_mean_s for s in plain)
+    base_thread = statistics.median(s.thread_cpu_s for s in plain)
+    base_process = statistics.median(s.process_cpu_s for s in plain)
+    for mode, samples in results.samples.items():
+        mean = statistics.median(s.step_mean_s for s in samples)
+        med = statistics.median(s.step_median_s for s in samples)
+        per_round = ", ".join(
+            f"{s.step_mean_s / p.step_mean_s:.3f}" for s, p in zip(samples, plain, strict=True)
+        )
+        thread = statistics.median(s.thread_cpu_s for s in samples)
+        process = statistics.median(s.process_cpu_s for s in samples)
+        lines.append(
+            f"| {mode} | {mean * 1e3:.3f} | {med * 1e3:.3f} | {mean / base_mean:.3f} "
+            f"| {med / base_median:.3f} "
+            f"| {min(s.step_mean_s for s in samples) / base_min:.3f} | {per_round} "
+            f"| {thread * 1e6:.0f} ({(thread - base_thread) * 1e6:+.0f}) "
+            f"| {process * 1e6:.0f} ({(process - base_process) * 1e6:+.0f}) |"
+        )
+    sup = results.samples["trainmedic run"]
+    if len(results.samples) > len(MODES):
+        lines += ["", "Supervisor CPU while the job runs, per mode (median):", ""]
+        for mode, samples in results.samples.items():
+            if samples and samples[0].supervisor_cpu_during_job is not None:
+                lines.append(
+                    f"- {mode}: {_pct(median([s.supervisor_cpu_during_job for s in samples]))}"
+                )
+    during = median([s.supervisor_cpu_during_job for s in sup])
+    lifetime = median([s.supervisor_cpu_lifetime for s in sup])
+    reported = median([s.supervisor_reported for s in sup])
+    lines += [
+        "",
+        "| supervisor CPU (% of one core, median over rounds) | value |",
+        "|---|---|",
+        f"| while the job runs (psutil on the supervisor) | {_pct(during)} |",
+        f"| whole lifetime, start-up, diagnosis and report included (psutil) | {_pct(lifetime)} |",
+        f"| its own account (`supervisor_usage` event) | {_pct(reported)} |",
+    ]
+    return lines
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.2f} %"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--doctor-runs", type=int, default=7)
+    parser.add_argument("--ablate", action="store_true", help="also runs that find where it goes")
+    args = parser.parse_args()
+    modes = MODES + (ABLATION_MODES if args.ablate else ())
+    results = overhead(args.rounds, args.steps, args.threads, modes) if args.rounds > 0 else None
+    doctor = doctor_times(args.doctor_runs) if args.doctor_runs > 0 else []
+    print(report(results, doctor, args))
+
+
+if __name__ == "__main__":
+    main()

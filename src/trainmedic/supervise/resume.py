@@ -1,0 +1,142 @@
+"""Where a restarted job resumes: the newest valid checkpoint, and the arguments that say so.
+
+Three kinds of scripts resume across restarts:
+
+* **Checkpointer users** (:class:`trainmedic.Checkpointer` without a
+  directory) read ``$TRAINMEDIC_CHECKPOINT_DIR``, which ``trainmedic run``
+  sets to ``<run dir>/checkpoints`` unless the job's environment already sets
+  it; the Checkpointer itself picks the newest valid checkpoint.
+* **Scripts with a resume flag** get ``--resume-args`` on every restart, with
+  ``{checkpoint}`` replaced by the newest valid checkpoint and ``{step}`` by its
+  step: ``--resume-args "--resume {checkpoint}"``. The checkpoint is the
+  newest file matching ``--checkpoint-glob`` (the script's own checkpoints),
+  else the newest Checkpointer checkpoint whose manifest, size and SHA-256
+  agree. Without any checkpoint yet, nothing is added (a fresh start).
+* **Scripts that resume on their own** need nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainmedic.checkpoint import CHECKPOINT_DIR_ENV, Checkpointer
+from trainmedic.errors import CheckpointError, UsageError
+
+CHECKPOINTS_SUBDIR = "checkpoints"
+"""``$TRAINMEDIC_CHECKPOINT_DIR`` inside the run directory."""
+PLACEHOLDERS = ("checkpoint", "step")
+_PLACEHOLDER_RE = re.compile(r"\{(\w*)\}")
+_NUMBER_RE = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint the next attempt can resume from.
+
+    Attributes:
+        path: the file (a Checkpointer's data file, or a file the glob matched).
+        step: its training step: from the manifest, else the last number in
+            the file name (``ckpt_step120.pt`` -> 120), else ``None``.
+        source: ``checkpointer`` or ``glob``.
+    """
+
+    path: Path
+    step: int | None
+    source: str
+
+
+def parse_resume_template(template: str) -> tuple[str, ...]:
+    """The template's arguments; raise :class:`UsageError` for an unknown placeholder."""
+    try:
+        args = tuple(shlex.split(template))
+    except ValueError as exc:
+        raise UsageError(f"--resume-args {template!r}: {exc}") from None
+    if not args:
+        raise UsageError("--resume-args is empty")
+    for arg in args:
+        for name in _PLACEHOLDER_RE.findall(arg):
+            if name not in PLACEHOLDERS:
+                raise UsageError(
+                    f"--resume-args: unknown placeholder {{{name}}} "
+                    f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
+                )
+    return args
+
+
+def resume_arguments(template: tuple[str, ...], point: ResumePoint) -> list[str]:
+    """The template with ``{checkpoint}`` and ``{step}`` filled in."""
+    step = "" if point.step is None else str(point.step)
+    return [a.replace("{checkpoint}", str(point.path)).replace("{step}", step) for a in template]
+
+
+def checkpoint_dir(run_dir: Path, env: dict[str, str]) -> Path:
+    """The job's Checkpointer directory: the job's own setting, else the run's."""
+    own = env.get(CHECKPOINT_DIR_ENV, "").strip()
+    return Path(own) if own else run_dir / CHECKPOINTS_SUBDIR
+
+
+def newest_checkpoint(
+    directory: Path, glob_pattern: str | None = None, cwd: str | None = None
+) -> ResumePoint | None:
+    """The newest valid checkpoint: from ``glob_pattern`` when given, else the
+    Checkpointer's in ``directory``."""
+    if glob_pattern:
+        return newest_glob_checkpoint(glob_pattern, cwd)
+    return newest_checkpointer_checkpoint(directory)
+
+
+def newest_checkpointer_checkpoint(directory: Path) -> ResumePoint | None:
+    """The newest committed Checkpointer checkpoint whose data file matches its
+    manifest (size and SHA-256); older ones are tried when the newest does not."""
+    try:
+        candidates = Checkpointer(directory).checkpoints()
+    except CheckpointError:
+        return None
+    for info in candidates:
+        try:
+            manifest = json.loads(info.manifest.read_text(encoding="utf-8"))
+            size = int(manifest["size_bytes"])
+            digest = str(manifest["sha256"])
+            if info.data.stat().st_size != size or _sha256(info.data) != digest:
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return ResumePoint(info.data, info.step, "checkpointer")
+    return None
+
+
+def newest_glob_checkpoint(pattern: str, cwd: str | None = None) -> ResumePoint | None:
+    """The most recently modified non-empty file matching ``pattern`` (relative
+    to ``cwd``, the job's working directory)."""
+    base = Path(cwd or os.getcwd())
+    full = pattern if os.path.isabs(pattern) else str(base / pattern)
+    newest: tuple[float, Path] | None = None
+    for name in glob.glob(full, recursive=True):
+        path = Path(name)
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if not path.is_file() or st.st_size == 0:
+            continue
+        if newest is None or st.st_mtime > newest[0]:
+            newest = (st.st_mtime, path)
+    if newest is None:
+        return None
+    numbers = _NUMBER_RE.findall(newest[1].name)
+    return ResumePoint(newest[1], int(numbers[-1]) if numbers else None, "glob")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(4 * 1024 * 1024), b""):
+            h.update(chunk)
+    return h.hexdigest()

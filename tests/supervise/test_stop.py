@@ -1,0 +1,100 @@
+"""Stopping a job: SIGTERM to the group, grace, SIGKILL, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from trainmedic.supervise.launcher import Job
+from trainmedic.supervise.stop import caught_signals, stop_job, wait_gpu_release
+
+# A leader that ignores SIGTERM, with a child in the group that ignores it too and a
+# grandchild in a session of its own (it left the group). Each writes its pid.
+TREE = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+out = sys.argv[1]
+kids = [
+    subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]),
+    subprocess.Popen(["sleep", "60"], start_new_session=True),
+]
+with open(out, "w") as f:
+    f.write(" ".join(str(p) for p in [os.getpid(), *(k.pid for k in kids)]))
+time.sleep(60)
+"""
+
+
+def start(tmp_path: Path, code: str) -> tuple[Job, list[int]]:
+    out = tmp_path / "pids"
+    r, w = os.pipe()
+    os.close(r)
+    job = Job.start(
+        [sys.executable, "-c", code, str(out)], dict(os.environ), stdout_fd=w, stderr_fd=w
+    )
+    os.close(w)
+    deadline = time.monotonic() + 10
+    while not (out.exists() and len(out.read_text().split()) == 3):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return job, [int(p) for p in out.read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_processes_that_ignore_sigterm_or_left_the_group_are_killed(tmp_path: Path) -> None:
+    job, pids = start(tmp_path, TREE)
+    report = stop_job(job, grace_s=0.3)
+    assert set(pids) <= set(report.pids)
+    assert report.survivors == ()
+    assert job.returncode == -9  # the leader ignored SIGTERM: killed
+    # An ignored signal stays ignored across exec: `sleep` ignores SIGTERM too.
+    assert set(report.killed) == set(pids)
+    assert 0.3 <= report.took_s < 5
+    assert not [p for p in pids if alive(p)]
+
+
+def test_a_job_that_obeys_sigterm_is_not_killed(tmp_path: Path) -> None:
+    code = TREE.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", "pass")
+    job, pids = start(tmp_path, code)
+    report = stop_job(job, grace_s=5.0)
+    assert report.killed == ()
+    assert set(report.terminated) == set(pids)
+    assert job.returncode == -15
+    assert report.took_s < 3  # no waiting for the grace period to run out
+    assert not [p for p in pids if alive(p)]
+
+
+def test_the_wait_for_gpu_memory_is_bounded() -> None:
+    listed = [{1, 2}, {2}, set()]
+    naps: list[float] = []
+    t = [0.0]
+
+    def clock() -> float:
+        return t[0]
+
+    def sleep(s: float) -> None:
+        naps.append(s)
+        t[0] += s
+
+    assert wait_gpu_release([2], lambda: listed.pop(0), 10, clock, sleep) == (True, 1.0)
+    assert wait_gpu_release([2], lambda: {2}, 2.0, clock, sleep) == (False, 2.0)
+    assert wait_gpu_release([2], lambda: None, 2.0, clock, sleep)[0] is None
+
+
+def test_caught_signals_reads_the_handler_mask() -> None:
+    import signal
+
+    caught = caught_signals(os.getpid())
+    assert caught is not None
+    assert signal.SIGINT in caught  # Python's KeyboardInterrupt handler
+    assert caught_signals(2**22 + 12345) is None
