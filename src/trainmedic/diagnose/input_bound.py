@@ -22,6 +22,7 @@ from typing import Any
 
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import BUSY_STATES, RunView, share_of
+from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
 from trainmedic.findings.model import Category, Finding, Severity
 
 
@@ -296,11 +297,7 @@ def shm_too_small(view: RunView, th: Thresholds) -> list[Finding]:
         ev["shm_total_bytes"] = shm.total_bytes
         ev["shm_free_bytes"] = shm.free_bytes
         ev["shm_min_bytes"] = th.shm_min_bytes
-    fix = (
-        "Give /dev/shm room for the workers' batches: docker run --shm-size=8g (or --ipc=host); "
-        "in Kubernetes mount an emptyDir with medium: Memory at /dev/shm; or lower "
-        "num_workers/prefetch_factor."
-    )
+    fix = SHM_FIX_WITH_WORKERS
     if events or (sigbus and workers):
         ev["shm_events"] = len(events)
         ev["exit_code"] = view.record.meta.exit_code

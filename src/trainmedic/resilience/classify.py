@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.resilience.errorfile import ErrorReport, is_user_code
 
@@ -1058,11 +1059,7 @@ def _fix(c: Classification) -> str:
     if c.failure_class is FailureClass.DATALOADER_WORKER_DIED:
         cause = d.get("cause")
         if cause == "shm":
-            return (
-                "Give the job more shared memory: docker run --shm-size=16g, or a Kubernetes "
-                "emptyDir with medium: Memory mounted at /dev/shm; or lower DataLoader "
-                "num_workers / prefetch_factor."
-            )
+            return SHM_FIX_WITH_WORKERS
         if cause == "fd_limit":
             return (
                 "Call torch.multiprocessing.set_sharing_strategy('file_system') before creating "

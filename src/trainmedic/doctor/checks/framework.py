@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass
 
 from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.fixes import SHM_FIX
 from trainmedic.findings.model import Category, Finding, Severity
 
 _MIB = float(1 << 20)
@@ -24,10 +25,7 @@ DataLoader workers passing image batches fill at once."""
 SHM_MIN_FREE_BYTES = 1 << 30
 """Free space below which a large /dev/shm is still too full to pass batches."""
 
-_SHM_FIX = (
-    "Give the container a larger /dev/shm: docker run --shm-size=16g (or --ipc=host); "
-    "Kubernetes: mount an emptyDir with medium: Memory (and a sizeLimit) at /dev/shm."
-)
+_SHM_FIX = SHM_FIX
 
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
