@@ -102,9 +102,10 @@ def test_an_allocation_failure_under_an_address_space_limit(tmp_path: Path) -> N
 def test_a_healthy_run_with_evaluation_and_checkpoint_pauses_raises_no_false_hang(
     tmp_path: Path,
 ) -> None:
-    """An unmarked 3 s evaluation and a 3 s checkpoint marked with trainmedic.phase,
-    against a learned bound of 2.5 s: the evaluation shows progress (forward
-    passes), the checkpoint has the phase's bound."""
+    """An unmarked 6 s evaluation and a 6 s checkpoint marked with trainmedic.phase,
+    against a learned bound of 5 s: the evaluation shows progress (forward
+    passes), the checkpoint has the phase's bound. (A bound of a few seconds
+    leaves room for the heartbeats' delay when the machine's cores are busy.)"""
     state = tmp_path / "state"
     command = [
         sys.executable,
@@ -118,9 +119,9 @@ def test_a_healthy_run_with_evaluation_and_checkpoint_pauses_raises_no_false_han
         "--slow-ckpt-at",
         "30",
         "--pause-s",
-        "3",
+        "6",
     ]
-    run = run_trainmedic(tmp_path, [*FAST, "--timeout-floor", "2.5"], command)
+    run = run_trainmedic(tmp_path, [*FAST, "--timeout-floor", "5"], command)
     assert run.returncode == 0, run.stderr
     assert run.classes == ["success"]
     assert not any(f["id"].startswith(("failure.", "restart.")) for f in run.findings)
@@ -129,7 +130,7 @@ def test_a_healthy_run_with_evaluation_and_checkpoint_pauses_raises_no_false_han
     steps = [json.loads(line) for line in (run.run_dir / "steps.jsonl").read_text().splitlines()]
     ends = sorted(s["t"] for s in steps if s.get("ph", "train") == "train")
     gaps = [b - a for a, b in itertools.pairwise(ends)]
-    assert len([g for g in gaps if g > 2.5]) == 2
+    assert len([g for g in gaps if g > 5]) == 2
 
 
 @pytest.mark.slow
