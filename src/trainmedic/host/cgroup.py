@@ -23,16 +23,15 @@ build fake trees. A file that is missing, unreadable or malformed gives
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainmedic.host.mounts import parse_mountinfo
 
 # v1 reports "no memory limit" as the largest page-aligned 63-bit value
 # (9223372036854771712 with 4 KiB pages, a little less with 64 KiB pages);
 # no real limit comes near 2**62 bytes (4 EiB).
 _UNLIMITED_BYTES = 2**62
-
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 @dataclass(frozen=True)
@@ -310,34 +309,18 @@ def _read_memberships(path: Path) -> dict[str, tuple[int, str]]:
 def _read_mounts(path: Path) -> list[_Mount]:
     """The cgroup and cgroup2 mounts listed in ``/proc/<pid>/mountinfo``."""
     text = _read_text(path)
-    mounts: list[_Mount] = []
     if text is None:
-        return mounts
-    for line in text.splitlines():
-        fields = line.split()
-        # id parent major:minor root mount-point options [optional...] - type source super
-        if "-" not in fields[6:]:
-            continue
-        sep = fields.index("-", 6)
-        if len(fields) < sep + 4:
-            continue
-        fs_type = fields[sep + 1]
-        if fs_type not in ("cgroup", "cgroup2"):
-            continue
-        mounts.append(
-            _Mount(
-                root=_unescape(fields[3]),
-                mount_point=_unescape(fields[4]),
-                fs_type=fs_type,
-                super_options=frozenset(fields[sep + 3].split(",")),
-            )
+        return []
+    return [
+        _Mount(
+            root=m.root,
+            mount_point=m.mount_point,
+            fs_type=m.fs_type,
+            super_options=frozenset(m.super_options.split(",")),
         )
-    return mounts
-
-
-def _unescape(field: str) -> str:
-    """Undo mountinfo's octal escapes (``\\040`` is a space)."""
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+        for m in parse_mountinfo(text)
+        if m.fs_type in ("cgroup", "cgroup2")
+    ]
 
 
 def _cpu_quota_cores(directory: Path, version: int) -> float | None:

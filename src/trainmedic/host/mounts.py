@@ -100,6 +100,8 @@ class MountEntry:
     major: int
     minor: int
     super_options: str = ""
+    root: str = "/"
+    """The path inside the filesystem that is mounted (a cgroup's own path)."""
 
 
 def _unescape(field: str) -> str:
@@ -123,6 +125,7 @@ def parse_mountinfo(text: str) -> list[MountEntry]:
                     major=int(major_s),
                     minor=int(minor_s),
                     super_options=fields[sep + 3] if len(fields) > sep + 3 else "",
+                    root=_unescape(fields[3]),
                 )
             )
         except (ValueError, IndexError):
