@@ -188,12 +188,18 @@ def blocked_threads() -> Iterator[dict[str, threading.Thread]]:
     b.close()
 
 
-def _settled(thread: threading.Thread, leaf: str) -> list[FrameInfo]:
-    """The thread's stack once its innermost frame is ``leaf`` (it is blocked there)."""
+def _settled(thread: threading.Thread, leaf: str, via: str | None = None) -> list[FrameInfo]:
+    """The thread's stack once its innermost frame is ``leaf`` (it is blocked there),
+    reached through a frame named ``via`` when given (the start barrier's own
+    ``wait`` must not count as the queue's)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         stack = read_frames(sys._current_frames()[thread.ident or 0])
-        if stack and stack[0].function == leaf:
+        if (
+            stack
+            and stack[0].function == leaf
+            and (via is None or any(f.function == via for f in stack))
+        ):
             return stack
         time.sleep(0.001)
     raise AssertionError(f"the thread never blocked in {leaf}")
@@ -204,7 +210,7 @@ def test_live_threads_blocked_in_io_are_classified(
 ) -> None:
     reader = _settled(blocked_threads["reader"], "reader")
     receiver = _settled(blocked_threads["receiver"], "receiver")
-    waiter = _settled(blocked_threads["waiter"], "wait")
+    waiter = _settled(blocked_threads["waiter"], "wait", via="get")
     assert reader[0].callees == ("os", "read")
     assert classify(reader, "worker") == "file_read"
     assert classify(receiver, "worker") == "socket_wait"
