@@ -1,4 +1,4 @@
-"""The benchmark's training job: a small MLP on preloaded data, a few ms per step.
+"""The benchmark's training job: one of ``bench_models``' small CPU models, ms-scale steps.
 
 An ordinary script (it knows nothing about trainmedic). It times its own
 training loop and prints one line ``BENCH {json}`` at the end: steps, loop
@@ -8,7 +8,7 @@ not Python start-up. ``--profiler`` records the whole loop with ``torch.profiler
 (default activities: CPU, plus CUDA when available; no schedule, so every op
 of every step is recorded), the way a person would profile a script.
 
-    python benchmarks/overhead_job.py --steps 2000 [--profiler]
+    python benchmarks/overhead_job.py --model mlp --steps 3000 [--profiler]
 """
 
 import argparse
@@ -18,31 +18,18 @@ import statistics
 import time
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from bench_models import build
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--profiler", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    n = 64 * 256
-    data = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
-    loader = DataLoader(data, batch_size=64, shuffle=True, drop_last=True)
-    model = nn.Sequential(
-        nn.Linear(256, args.width),
-        nn.ReLU(),
-        nn.Linear(args.width, args.width),
-        nn.ReLU(),
-        nn.Linear(args.width, 10),
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    job = build(args.model)
     profiler = torch.profiler.profile() if args.profiler else contextlib.nullcontext()
     step_times = []
     step = 0
@@ -50,10 +37,8 @@ def main():
         thread0, process0 = time.thread_time(), time.process_time()
         start = last = time.perf_counter()
         while step < args.steps:
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss_fn(model(x), y).backward()
-                optimizer.step()
+            for x, y in job.loader:
+                job.step(x, y)
                 now = time.perf_counter()
                 step_times.append(now - last)
                 last = now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -13,7 +14,7 @@ import pytest
 
 from trainmedic.channel.client import ChannelClient, parse_address
 from trainmedic.channel.server import ChannelServer
-from trainmedic.channel.wire import Goodbye, Hello, ProbeMessage, encode_message
+from trainmedic.channel.wire import STEP_COLUMNS, Goodbye, Hello, ProbeMessage, encode_message
 from trainmedic.record.types import StepRecord
 
 
@@ -90,6 +91,18 @@ def test_messages_arrive_in_order_after_an_authenticated_hello(
     assert [m.step for m in got[1:51] if isinstance(m, StepRecord)] == list(range(1, 51))
     assert isinstance(got[-1], Goodbye)
     assert server.wait_idle(5)
+
+
+def test_a_steps_line_reaches_the_consumer_as_single_steps(
+    server: ChannelServer, collector: Collector
+) -> None:
+    rows = [[n, float(n), 0.1, 0.0, None, None, None, "optimizer", "train"] for n in range(1, 6)]
+    cols = list(STEP_COLUMNS[:9])
+    line = json.dumps({"k": "steps", "pid": 100, "rank": None, "cols": cols, "rows": rows})
+    send(server.address, encode_message(make_hello(), token="tok"), line.encode() + b"\n")
+    got = collector.wait_for(6)
+    assert got[1:] == [make_step(n) for n in range(1, 6)]
+    assert server.messages == 6
 
 
 def test_a_connection_without_the_token_is_refused(

@@ -7,13 +7,16 @@ import json
 import pytest
 
 from trainmedic.channel.wire import (
+    STEP_COLUMNS,
     Goodbye,
     Heartbeat,
     Hello,
     ProbeMessage,
+    StepBatch,
     TorchInfo,
     decode_line,
     encode_message,
+    encode_steps,
 )
 from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
 
@@ -118,3 +121,38 @@ def test_lines_are_compact() -> None:
     obj = json.loads(encode_message(MESSAGES[4]))
     assert obj["k"] == "step"
     assert len(encode_message(MESSAGES[4])) < 260
+
+
+def _row(step: StepRecord) -> list[object]:
+    return [getattr(step, c) for c in STEP_COLUMNS]
+
+
+def test_a_steps_line_carries_many_steps_as_rows() -> None:
+    full = MESSAGES[4]
+    assert isinstance(full, StepRecord)
+    bare = StepRecord(step=4, t=6.0, duration_s=0.2, pid=10, rank=1, compute_s=None)
+    line = encode_steps(10, 1, [_row(full), _row(bare)])
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    decoded, token = decode_line(line)
+    assert token is None
+    assert decoded == StepBatch((full, bare))
+    # Rows, not objects: many steps cost fewer bytes than as step lines.
+    many = encode_steps(10, 1, [_row(full)] * 100)
+    assert len(many) < 100 * len(encode_message(full))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"k": "steps", "pid": 1, "cols": ["step", "t"], "rows": [[1, 2.0]]},  # no duration
+        {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s", "pid"], "rows": []},
+        {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s", "nope"], "rows": []},
+        {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s"], "rows": [[1, 2.0]]},
+        {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s"], "rows": [["1", 2.0, 1]]},
+        {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s"], "rows": {"a": 1}},
+        {"k": "steps", "cols": ["step", "t", "duration_s"], "rows": []},
+    ],
+)
+def test_malformed_steps_lines_raise(obj: dict[str, object]) -> None:
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        decode_line(json.dumps(obj).encode() + b"\n")

@@ -148,3 +148,16 @@ def test_dataloader_workers_report_where_loading_time_goes(tmp_path: Path) -> No
     assert sum(c.get("transform", 0) for c in worker_counts) > 0
     (info,) = run.loaders
     assert (info.num_workers, info.prefetch_factor) == (2, 2)
+
+
+@pytest.mark.slow
+def test_compiled_models_and_functions_keep_their_graphs_and_their_steps(tmp_path: Path) -> None:
+    run = run_probed(script("compiled.py", 6), tmp_path)
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert run.proc.stdout.splitlines()[-2:] == ["graph breaks 0", "done"]
+    assert [s.step for s in run.steps] == list(range(1, 19))
+    assert all(s.compute_s is not None and s.compute_s > 0 for s in run.steps)
+    # A compiled model's call is seen; inside a compiled function the model's call is
+    # part of the compiled code, whose batch no wrapper sees.
+    assert {s.samples for s in run.steps[:12]} == {16}
+    assert [e for e in run.events if e.kind == "probe_error"] == []

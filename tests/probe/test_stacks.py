@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from trainmedic.probe.sampling import StackSampler
 from trainmedic.probe.stacks import (
     STATES,
     ActivityAggregate,
     FrameInfo,
-    StackSampler,
     callee_names,
     classify,
     frame_key,

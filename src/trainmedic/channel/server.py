@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmedic.channel.wire import Hello, ProbeMessage, decode_line
+from trainmedic.channel.wire import Hello, ProbeMessage, StepBatch, decode_line
 
 SOCKET_NAME = "probe.sock"
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -244,14 +244,15 @@ class ChannelServer:
                 )
                 return False
             conn.pid = message.pid
-        self.messages += 1
-        try:
-            self._handler(message)
-        except Exception as exc:  # a bug in a consumer must not stop the channel
-            self._problem(
-                f"handler-{type(exc).__name__}",
-                f"channel: handling {type(message).__name__} failed: {type(exc).__name__}: {exc}",
-            )
+        for one in message.steps if isinstance(message, StepBatch) else (message,):
+            self.messages += 1
+            try:
+                self._handler(one)
+            except Exception as exc:  # a bug in a consumer must not stop the channel
+                self._problem(
+                    f"handler-{type(exc).__name__}",
+                    f"channel: handling {type(one).__name__} failed: {type(exc).__name__}: {exc}",
+                )
         return True
 
     def _drop(self, conn: _Connection) -> None:

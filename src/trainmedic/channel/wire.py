@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from trainmedic.record import codec
@@ -100,9 +100,66 @@ class Goodbye:
     exit_code: int | None = None
 
 
+@dataclass(frozen=True)
+class StepBatch:
+    """Steps of one process sent as one line (``k: "steps"``): the probe's form.
+
+    The line holds the column names and one array per step, so encoding a
+    step costs one list, not one JSON object. The server hands the steps on
+    one by one; consumers never see a batch.
+    """
+
+    steps: tuple[StepRecord, ...]
+
+
 ProbeMessage = (
     Hello | TorchInfo | Heartbeat | Goodbye | StepRecord | LoaderInfo | LoaderActivity | RunEvent
 )
+
+STEP_COLUMNS = (
+    "step",
+    "t",
+    "duration_s",
+    "data_wait_s",
+    "compute_s",
+    "gpu_time_s",
+    "samples",
+    "source",
+    "phase",
+    "alloc_peak_bytes",
+    "reserved_peak_bytes",
+    "alloc_retries",
+    "ooms",
+    "autocast",
+)
+"""The columns of a ``steps`` line as the probe writes them (``StepRecord`` fields)."""
+_STEP_FIELDS = frozenset(f.name for f in fields(StepRecord)) - {"pid", "rank"}
+
+
+def encode_steps(pid: int, rank: int | None, rows: list[list[Any]]) -> bytes:
+    """One ``steps`` line: ``rows`` hold the :data:`STEP_COLUMNS` of each step, in order."""
+    obj = {"k": "steps", "pid": pid, "rank": rank, "cols": STEP_COLUMNS, "rows": rows}
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def _steps(obj: Mapping[str, Any]) -> StepBatch:
+    pid = _int(obj["pid"])
+    rank = _opt_int(obj.get("rank"))
+    cols = tuple(_str(c) for c in _list(obj["cols"]))
+    unknown = set(cols) - _STEP_FIELDS
+    if unknown or len(set(cols)) != len(cols) or not {"step", "t", "duration_s"} <= set(cols):
+        raise ValueError(f"bad step columns {cols!r}")
+    steps = []
+    for row in _list(obj["rows"]):
+        values = _list(row)
+        if len(values) != len(cols):
+            raise ValueError(f"a step row has {len(values)} values for {len(cols)} columns")
+        named = {codec.STEP_KEYS[c]: v for c, v in zip(cols, values, strict=True) if v is not None}
+        named[codec.STEP_KEYS["pid"]] = pid
+        if rank is not None:
+            named[codec.STEP_KEYS["rank"]] = rank
+        steps.append(codec.decode_step(named))
+    return StepBatch(tuple(steps))
 
 
 def encode_message(message: ProbeMessage, token: str = "") -> bytes:
@@ -169,7 +226,7 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
     return text.encode("utf-8") + b"\n"
 
 
-def decode_line(line: bytes) -> tuple[ProbeMessage, str | None]:
+def decode_line(line: bytes) -> tuple[ProbeMessage | StepBatch, str | None]:
     """The message on ``line`` and, for a hello, the token it carries.
 
     Raises:
@@ -179,6 +236,8 @@ def decode_line(line: bytes) -> tuple[ProbeMessage, str | None]:
     if not isinstance(obj, dict):
         raise TypeError("expected a JSON object")
     kind = obj.pop("k")
+    if kind == "steps":
+        return _steps(obj), None
     if kind == "step":
         return codec.decode_step(obj), None
     if kind == "loader":

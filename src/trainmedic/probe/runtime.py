@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from trainmedic.channel.client import ChannelClient
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.forensics import StackDumps
-    from trainmedic.probe.stacks import StackSampler
+    from trainmedic.probe.forward import ForwardWatch
+    from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.steps import StepDraft, StepTracker
-    from trainmedic.record.types import RunEvent, StepRecord
+    from trainmedic.record.types import RunEvent
 
 FLUSH_S = 0.25
 """Seconds between two sends of the outbox."""
@@ -56,6 +57,11 @@ FIRST_CONNECT_DELAY_S = 0.2
 ``sys.argv``, and processes shorter than this with nothing to say send nothing)."""
 MAX_OUTBOX = 100_000
 """Messages kept while the supervisor is slow; more are counted and dropped."""
+MAX_BATCH_STEPS = 2_000
+"""Steps per ``steps`` line at most."""
+IDLE_STEPS_S = 2.0
+"""Seconds without a train step (and at least 3 usual steps) after which the
+probe's thread asks the forward watch to look for new root modules."""
 HEARTBEAT_FRAMES = 6
 EXIT_JOIN_S = 2.0
 
@@ -137,6 +143,8 @@ class Probe:
         self.parts = Parts(config.disabled, config.inject_fault, self._report_part_error)
         self.state = HookState(training_ident=threading.main_thread().ident)
         self.tracker: StepTracker | None = None
+        self.forward: ForwardWatch | None = None
+        self.step_stats: StepStats | None = None
         self.cuda: Any = None
         self.torch: ModuleType | None = None
         self.restore: list[Callable[[], None]] = []
@@ -152,6 +160,8 @@ class Probe:
         self._hello_due = True
         self._connected = False
         self._finished = False
+        # (train steps, work, since when, discovery asked) as the agent last saw them.
+        self._idle_mark: tuple[int, int, float, bool] = (0, 0, 0.0, False)
         # Set by the stack signal's handler, read by the agent (no lock: see forensics).
         self.dump_requested = False
         self.stack_dumps: StackDumps | None = None
@@ -202,6 +212,8 @@ class Probe:
         self._finished = False
         self.dump_requested = False
         self.sampler = None
+        if self.step_stats is not None:
+            self.step_stats = type(self.step_stats)()
         self.state.depth = 0
         self.state.training_ident = threading.get_ident()
         self.state.pin_threads = set()
@@ -359,9 +371,12 @@ class Probe:
     def _install_torch(self, torch: ModuleType) -> None:
         from trainmedic.probe import torch_hooks
         from trainmedic.probe.cuda import CudaSteps
+        from trainmedic.probe.sampling import StepStats
 
         self.torch = torch
         tracker = self._ensure_tracker()
+        if self.step_stats is None:
+            self.step_stats = StepStats()
         # A CPU-only build of torch never initialises CUDA: no CUDA part at all.
         if self.parts["cuda"].on and getattr(torch.version, "cuda", None):
             self.cuda = CudaSteps(torch, self.parts["cuda"], self._finish_step, self._cuda_ready)
@@ -401,10 +416,21 @@ class Probe:
     # --- steps -----------------------------------------------------------------------------------
 
     def _on_draft(self, draft: StepDraft) -> None:
+        # Once per step on the training thread: kept to a few lines, no I/O.
+        watch = self.forward
+        if watch is not None:
+            try:
+                watch.step_closed(draft.t_end)
+            except Exception as exc:
+                self.parts["forward"].fail(exc)
         if self.cuda is not None:
             self.cuda.add(draft)
-        else:
-            self._finish_step(draft, None, None)
+        elif not self.failed and len(self.outbox) < MAX_OUTBOX:
+            self.outbox.append((draft, None, None))
+            if not self.state.loader_used and self.sampler is None:
+                self.step_marked()
+        elif not self.failed:
+            self.dropped += 1
 
     def _finish_step(self, draft: StepDraft, timing: Any, alloc: Any) -> None:
         # The record is built by the background thread: the training thread only queues.
@@ -415,9 +441,9 @@ class Probe:
         elif not self.failed:
             self.dropped += 1
 
-    def _step_record(self, draft: StepDraft, timing: Any, alloc: Any) -> StepRecord:
-        from trainmedic.record.types import StepRecord
-
+    def _step_row(self, draft: StepDraft, timing: Any, alloc: Any) -> list[Any]:
+        """The step's values in :data:`~trainmedic.channel.wire.STEP_COLUMNS` order
+        (the probe's thread builds them: the training thread only queued the draft)."""
         data_wait = draft.data_wait_s
         gpu_time: float | None = None
         if timing is not None:
@@ -429,24 +455,25 @@ class Probe:
             ):
                 # The GPU's idle gap before the step, not host time spent in a sync.
                 data_wait = min(draft.outside_s, timing.idle_before_s)
-        return StepRecord(
-            step=draft.step,
-            t=draft.t_end + self.wall_offset,
-            duration_s=draft.duration_s,
-            data_wait_s=data_wait,
-            compute_s=draft.compute_s,
-            gpu_time_s=gpu_time,
-            samples=draft.samples,
-            source=draft.source,
-            phase=draft.phase,
-            pid=self.pid,
-            rank=self.rank,
-            alloc_peak_bytes=None if alloc is None else alloc.alloc_peak_bytes,
-            reserved_peak_bytes=None if alloc is None else alloc.reserved_peak_bytes,
-            alloc_retries=None if alloc is None else alloc.alloc_retries,
-            ooms=None if alloc is None else alloc.ooms,
-            autocast=draft.autocast,
-        )
+        stats = self.step_stats
+        if stats is not None and draft.phase == "train":
+            stats.add(draft.duration_s, data_wait)
+        return [
+            draft.step,
+            draft.t_end + self.wall_offset,
+            draft.duration_s,
+            data_wait,
+            draft.compute_s,
+            gpu_time,
+            draft.samples,
+            draft.source,
+            draft.phase,
+            None if alloc is None else alloc.alloc_peak_bytes,
+            None if alloc is None else alloc.reserved_peak_bytes,
+            None if alloc is None else alloc.alloc_retries,
+            None if alloc is None else alloc.ooms,
+            draft.autocast,
+        ]
 
     def adopt_training_thread(self) -> bool:
         """Make the calling thread the training thread when no step was marked yet."""
@@ -550,8 +577,15 @@ class Probe:
         if self.sampler is not None or not part.on:
             return
         try:
-            from trainmedic.probe.stacks import StackSampler
+            from trainmedic.probe.sampling import MainPolicy, StackSampler, StepStats, WorkerPolicy
 
+            policy: MainPolicy | WorkerPolicy
+            if self.role == "worker":
+                policy = WorkerPolicy()
+            else:
+                if self.step_stats is None:
+                    self.step_stats = StepStats()
+                policy = MainPolicy(self.step_stats, self._waiting_since, self.clock)
             self.sampler = StackSampler(
                 targets=self._stack_targets,
                 emit=self.emit,
@@ -559,6 +593,7 @@ class Probe:
                 pid=self.pid,
                 wall=self.wall,
                 check=part.check,
+                period=policy.period,
             )
             self.sampler.start()
         except Exception as exc:
@@ -579,6 +614,16 @@ class Probe:
         if not state.loader_used and tracker.started and not tracker.in_compute:
             return [(ident, "self")]
         return []
+
+    def _waiting_since(self) -> float | None:
+        """When the training thread's current wait for data began (probe clock), or ``None``."""
+        tracker = self.tracker
+        if tracker is None:
+            return None
+        since = tracker.loader_wait_started
+        if since is None and not self.state.loader_used and not tracker.in_compute:
+            since = tracker.outside_since
+        return since
 
     def step_marked(self) -> None:
         """A step ended: scripts without a DataLoader get their batch preparation sampled."""
@@ -632,12 +677,31 @@ class Probe:
                 self._flush()
                 if stopping or self.failed:
                     return
+                self._watch_idle(now)
                 stop.wait(FLUSH_S)
         except Exception:
             # The channel code itself failed (an interpreter shutting down, say):
             # stop reporting; the job goes on.
             self.failed = True
             self.outbox.clear()
+
+    def _watch_idle(self, now: float) -> None:
+        """Ask the forward watch to look for new root modules when train steps stop
+        for a while but the job keeps working (an evaluation, maybe of another model)."""
+        watch = self.forward
+        tracker = self.tracker
+        if watch is None or tracker is None:
+            return
+        mark = (tracker.train_steps, tracker.work)
+        if mark[0] != self._idle_mark[0]:
+            self._idle_mark = (mark[0], mark[1], now, False)
+            return
+        _, work, since, asked = self._idle_mark
+        stats = self.step_stats
+        usual = 3.0 * stats.step_s if stats is not None else 0.0
+        if not asked and mark[1] != work and now - since >= max(IDLE_STEPS_S, usual):
+            watch.request()
+            self._idle_mark = (mark[0], mark[1], since, True)
 
     def _heartbeat(self) -> None:
         part = self.parts["heartbeat"]
@@ -688,9 +752,11 @@ class Probe:
         return encode_message(hello, token=self.config.token)
 
     def _flush(self) -> None:
-        """Send the outbox (hello first when due); on a broken channel, drop it."""
+        """Send the outbox (hello first when due); on a broken channel, drop it.
+
+        Consecutive steps go out as one ``steps`` line of rows."""
         from trainmedic.channel.client import ChannelClient
-        from trainmedic.channel.wire import encode_message
+        from trainmedic.channel.wire import encode_message, encode_steps
 
         if self.client is None:
             self.client = ChannelClient(self.config.address)
@@ -699,6 +765,7 @@ class Probe:
             self._hello_due = False
             chunks.append(self._hello_line())
         outbox = self.outbox
+        rows: list[list[Any]] = []
         while True:
             try:
                 message = outbox.popleft()
@@ -706,11 +773,22 @@ class Probe:
                 break
             try:
                 if isinstance(message, tuple):
-                    chunks.append(encode_message(self._step_record(*message)))
-                else:
+                    rows.append(self._step_row(*message))
+                    if len(rows) < MAX_BATCH_STEPS:
+                        continue
+                if rows:
+                    chunks.append(encode_steps(self.pid, self.rank, rows))
+                    rows = []
+                if not isinstance(message, tuple):
                     chunks.append(encode_message(message))
             except Exception:
+                rows = []
                 continue  # one unencodable record must not stop the others
+        if rows:
+            try:
+                chunks.append(encode_steps(self.pid, self.rank, rows))
+            except Exception:
+                rows = []  # unencodable (not expected: rows hold numbers and strings)
         if not chunks:
             return
         if self.client.send(b"".join(chunks)):

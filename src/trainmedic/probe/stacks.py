@@ -1,9 +1,9 @@
 """Where data-loading time goes, by sampling the stacks of the threads that load.
 
-A sampler thread reads ``sys._current_frames()`` every :data:`PERIOD_S` for the
-threads it is pointed at (the training thread while it is blocked on a
-DataLoader, the pin-memory thread, a DataLoader worker's main thread) and
-classifies each stack into one state:
+A sampler thread reads ``sys._current_frames()`` for the threads it is
+pointed at (the training thread while it is blocked on a DataLoader, the
+pin-memory thread, a DataLoader worker's main thread) and classifies each
+stack into one state:
 
 * ``transform`` - Python code (or a C extension it called) computing;
 * ``file_read`` - reading files: ``open``/``read`` calls, image/array loaders;
@@ -16,27 +16,23 @@ Only Python frames are visible, so a C call made from Python (``f.read()``,
 ``cv2.imread``) leaves the caller as the innermost frame; the caller's
 bytecode then tells which function it is calling (:func:`callee_names`).
 Classification is a pure function of the frames (:func:`classify`), tested on
-its own; the sampler aggregates counts and sends a ``LoaderActivity`` every
+its own; the sampler thread (:mod:`trainmedic.probe.sampling`) aggregates
+counts (:class:`ActivityAggregate`) and sends a ``LoaderActivity`` every
 :data:`FLUSH_S`.
 """
 
 from __future__ import annotations
 
 import dis
-import sys
 import sysconfig
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
 from trainmedic.record.types import LoaderActivity
 
 STATES = ("transform", "file_read", "socket_wait", "ipc_wait", "idle", "other")
-PERIOD_S = 0.02
-"""Seconds between two samples while sampling is wanted."""
 FLUSH_S = 2.0
 """Seconds between two aggregates sent."""
 MAX_FRAMES = 24
@@ -427,10 +423,7 @@ def read_frames(frame: FrameType | None, limit: int = MAX_FRAMES) -> list[FrameI
     return out
 
 
-# --- the sampler thread -------------------------------------------------------------------
-
-Targets = Callable[[], Sequence[tuple[int, str]]]
-"""Returns the (thread id, role) pairs to sample now; empty when nothing is wanted."""
+# --- aggregates ------------------------------------------------------------------------------
 
 
 class ActivityAggregate:
@@ -456,92 +449,3 @@ class ActivityAggregate:
         self.counts = Counter()
         self.frames = Counter()
         return LoaderActivity(t=t, pid=pid, counts=counts, top_frames=top)
-
-
-class StackSampler:
-    """A daemon thread sampling the stacks ``targets`` names.
-
-    Args:
-        targets: what to sample now (called every period, from the sampler thread).
-        emit: receives each aggregate.
-        on_error: called with the exception when sampling fails; the thread stops.
-        wall: Unix clock for the records' ``t``.
-    """
-
-    def __init__(
-        self,
-        targets: Targets,
-        emit: Callable[[LoaderActivity], None],
-        on_error: Callable[[BaseException], None],
-        pid: int,
-        period_s: float = PERIOD_S,
-        flush_s: float = FLUSH_S,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        check: Callable[[], None] | None = None,
-    ) -> None:
-        self._targets = targets
-        self._emit = emit
-        self._on_error = on_error
-        self.pid = pid
-        self._period = period_s
-        self._flush_s = flush_s
-        self._wall = wall
-        self._monotonic = monotonic
-        self._check = check
-        self.aggregate = ActivityAggregate()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.samples = 0
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="trainmedic-stacks", daemon=True)
-        self._thread.start()
-
-    def sample_once(self) -> int:
-        """Take one sample of every target now; returns how many stacks were read."""
-        targets = self._targets()
-        if not targets:
-            return 0
-        if self._check is not None:
-            self._check()
-        frames = sys._current_frames()
-        taken = 0
-        for ident, role in targets:
-            frame = frames.get(ident)
-            if frame is None:
-                continue
-            stack = read_frames(frame)
-            with self._lock:
-                self.aggregate.add(stack, role)
-            taken += 1
-        del frames
-        self.samples += taken
-        return taken
-
-    def flush(self) -> None:
-        """Send what has been counted so far (safe from any thread)."""
-        with self._lock:
-            record = self.aggregate.take(self._wall(), self.pid)
-        if record is not None:
-            self._emit(record)
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
-        self.flush()
-
-    def _run(self) -> None:
-        next_flush = self._monotonic() + self._flush_s
-        try:
-            while not self._stop.wait(self._period):
-                self.sample_once()
-                now = self._monotonic()
-                if now >= next_flush:
-                    next_flush = now + self._flush_s
-                    self.flush()
-        except Exception as exc:
-            self._on_error(exc)

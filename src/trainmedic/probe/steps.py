@@ -37,7 +37,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 TRAIN = "train"
@@ -109,24 +109,59 @@ class _Mark:
     compute_seen: bool
 
 
-@dataclass(slots=True)
 class _Segment:
-    """Accumulators from one boundary to the next (or to a held backward end)."""
+    """Accumulators from one boundary to the next (or to a held backward end).
 
-    t_start: float | None = None
-    excluded: float = 0.0
-    loader_wait: float = 0.0
-    fetches: int = 0
-    loader_samples: int | None = None
-    compute: float = 0.0
-    compute_seen: bool = False
-    forward_samples: int | None = None
-    optimizer_forward_samples: int | None = None
-    autocast: bool | None = None
-    nograd_forwards: int = 0
-    mark: _Mark | None = None
-    start_marker: object | None = None
-    marker_taken: bool = False
+    A plain class with slots: one is made per step, on the training thread."""
+
+    __slots__ = (
+        "autocast",
+        "compute",
+        "compute_seen",
+        "excluded",
+        "fetches",
+        "forward_samples",
+        "loader_samples",
+        "loader_wait",
+        "mark",
+        "marker_taken",
+        "nograd_forwards",
+        "optimizer_forward_samples",
+        "start_marker",
+        "t_start",
+    )
+
+    def __init__(
+        self,
+        t_start: float | None = None,
+        excluded: float = 0.0,
+        loader_wait: float = 0.0,
+        fetches: int = 0,
+        loader_samples: int | None = None,
+        compute: float = 0.0,
+        compute_seen: bool = False,
+        forward_samples: int | None = None,
+        optimizer_forward_samples: int | None = None,
+        autocast: bool | None = None,
+        nograd_forwards: int = 0,
+        mark: _Mark | None = None,
+        start_marker: object | None = None,
+        marker_taken: bool = False,
+    ) -> None:
+        self.t_start = t_start
+        self.excluded = excluded
+        self.loader_wait = loader_wait
+        self.fetches = fetches
+        self.loader_samples = loader_samples
+        self.compute = compute
+        self.compute_seen = compute_seen
+        self.forward_samples = forward_samples
+        self.optimizer_forward_samples = optimizer_forward_samples
+        self.autocast = autocast
+        self.nograd_forwards = nograd_forwards
+        self.mark = mark
+        self.start_marker = start_marker
+        self.marker_taken = marker_taken
 
     def begin(self, t: float) -> None:
         if self.t_start is None:
@@ -174,38 +209,71 @@ class _Phase:
     steps_inside: int = 0
 
 
-@dataclass
 class _NullListener:
     def segment_started(self) -> object | None:
         return None
 
 
-@dataclass
 class StepTracker:
     """Turns hook events of one process into steps; call from the training thread only.
+
+    Runs on the training thread at every hook event, so its hot paths (the
+    loader, forward, backward and optimizer events and a step's close) are
+    written for few Python operations: no helper calls where a line will do.
 
     Args:
         emit: receives each finished step.
         listener: told when a segment's first compute begins (CUDA events).
     """
 
-    emit: Callable[[StepDraft], None]
-    listener: StepListener = field(default_factory=_NullListener)
-    mode: str | None = None
-    steps_by_phase: dict[str, int] = field(default_factory=dict)
-    _seg: _Segment = field(default_factory=_Segment)
-    _held: list[_Segment] = field(default_factory=list)
-    _depth: int = 0
-    _region_t0: float = 0.0
-    _regions: list[str] = field(default_factory=list)
-    _phases: list[_Phase] = field(default_factory=list)
-    _lead: object | None = None
-    _others: dict[object, int] = field(default_factory=dict)
-    _nograd_history: deque[int] = field(default_factory=lambda: deque(maxlen=_EVAL_HISTORY))
-    _in_loader_since: float | None = None
-    work: int = 0
-    """Outermost forward, backward and optimizer calls and DataLoader batches so far:
-    the heartbeat's sign that the job is working between steps (an evaluation)."""
+    __slots__ = (
+        "_held",
+        "_in_loader_since",
+        "_lead",
+        "_nograd_history",
+        "_others",
+        "_phases",
+        "_region_t0",
+        "_regions",
+        "_seg",
+        "emit",
+        "forwards",
+        "listener",
+        "mode",
+        "outside_since",
+        "steps_by_phase",
+        "wants_batch",
+        "work",
+    )
+
+    def __init__(
+        self, emit: Callable[[StepDraft], None], listener: StepListener | None = None
+    ) -> None:
+        self.emit = emit
+        self.listener: StepListener = listener if listener is not None else _NullListener()
+        self.mode: str | None = None
+        self.steps_by_phase: dict[str, int] = {}
+        self._seg = _Segment()
+        self._held: list[_Segment] = []
+        self._region_t0 = 0.0
+        # Open compute regions, outermost first (``forward``, ``backward``, ``optimizer``).
+        self._regions: list[str] = []
+        self._phases: list[_Phase] = []
+        self._lead: object | None = None
+        self._others: dict[object, int] = {}
+        self._nograd_history: deque[int] = deque(maxlen=_EVAL_HISTORY)
+        self._in_loader_since: float | None = None
+        self.work = 0
+        """Outermost forward, backward and optimizer calls and DataLoader batches so far:
+        the heartbeat's sign that the job is working between steps (an evaluation)."""
+        self.forwards = 0
+        """Outermost forward calls so far (the forward watch's sign that it sees the model)."""
+        self.outside_since: float | None = None
+        """When the last outermost compute region ended (the start of the host time
+        outside compute that scripts without a DataLoader spend preparing batches)."""
+        self.wants_batch = True
+        """Whether the next outermost forward call's batch size and autocast state
+        are still unknown for this segment (only the first call's are kept)."""
 
     # --- what the heartbeat reports ----------------------------------------------------
 
@@ -237,22 +305,27 @@ class StepTracker:
         self.steps_by_phase = {}
         self._seg = _Segment()
         self._held = []
-        self._depth = 0
         self._regions = []
         self._phases = []
         self._lead = None
         self._others = {}
         self._nograd_history.clear()
         self._in_loader_since = None
+        self.outside_since = None
+        self.wants_batch = True
 
     @property
     def in_compute(self) -> bool:
-        return self._depth > 0
+        return bool(self._regions)
 
     @property
     def started(self) -> bool:
         """Whether any step or phase record has been emitted."""
         return bool(self.steps_by_phase)
+
+    def _new_segment(self, t_start: float | None) -> None:
+        self._seg = _Segment(t_start)
+        self.wants_batch = True
 
     # --- compute regions ---------------------------------------------------------------
 
@@ -264,14 +337,14 @@ class StepTracker:
         if not seg.marker_taken:
             seg.marker_taken = True
             seg.start_marker = self.listener.segment_started()
-        if kind == "optimizer" and "optimizer" in self._regions:
+        regions = self._regions
+        if kind == "optimizer" and "optimizer" in regions:
             # A previous optimizer step raised before its post hook: close it.
             self._abandon_region("optimizer", now)
-        if self._depth == 0:
+        if not regions:
             self._region_t0 = now
             self.work += 1
-        self._depth += 1
-        self._regions.append(kind)
+        regions.append(kind)
         seg.compute_seen = True
 
     def compute_exit(self, now: float, kind: str) -> None:
@@ -283,52 +356,61 @@ class StepTracker:
             del regions[len(regions) - 1 - regions[::-1].index(kind)]
         else:
             return
-        self._depth -= 1
-        if self._depth == 0:
+        if not regions:
             self._seg.compute += max(0.0, now - self._region_t0)
+            self.outside_since = now
 
     def _abandon_region(self, kind: str, now: float) -> None:
         while kind in self._regions:
             self.compute_exit(now, kind)
 
-    @property
-    def wants_batch(self) -> bool:
-        """Whether the next outermost forward call's batch size and autocast state
-        are still unknown for this segment (only the first call's are kept)."""
-        seg = self._seg
-        if "optimizer" in self._regions:
-            return seg.optimizer_forward_samples is None
-        return seg.forward_samples is None
-
     def forward_enter(
         self, now: float, samples: int | None, grad_enabled: bool, autocast: bool | None
     ) -> None:
         """An outermost module call begins (``samples``: its batch size, when found)."""
-        inside_optimizer = "optimizer" in self._regions
-        self.compute_enter(now, "forward")
+        regions = self._regions
+        inside_optimizer = "optimizer" in regions
+        self.forwards += 1
         seg = self._seg
+        # compute_enter, inline: this runs for every outermost call.
+        if seg.t_start is None:
+            seg.t_start = now
+        if not seg.marker_taken:
+            seg.marker_taken = True
+            seg.start_marker = self.listener.segment_started()
+        if not regions:
+            self._region_t0 = now
+            self.work += 1
+        regions.append("forward")
+        seg.compute_seen = True
         if inside_optimizer:
             if seg.optimizer_forward_samples is None:
                 seg.optimizer_forward_samples = samples
+                self.wants_batch = samples is None
         elif seg.forward_samples is None:
             seg.forward_samples = samples
+            self.wants_batch = samples is None
         if autocast is not None:
             seg.autocast = bool(seg.autocast) or autocast
         if not grad_enabled and not inside_optimizer:
             seg.nograd_forwards += 1
 
     def forward_exit(self, now: float, grad_enabled: bool) -> None:
-        self.compute_exit(now, "forward")
-        seg = self._seg
-        if not grad_enabled and self._depth == 0 and seg.t_start is not None:
-            seg.mark = _Mark(
-                t=now,
-                loader_wait=seg.loader_wait,
-                fetches=seg.fetches,
-                loader_samples=seg.loader_samples,
-                compute=seg.compute,
-                compute_seen=seg.compute_seen,
-            )
+        regions = self._regions
+        if regions and regions[-1] == "forward":
+            regions.pop()
+            if not regions:
+                self._seg.compute += max(0.0, now - self._region_t0)
+                self.outside_since = now
+        else:
+            self.compute_exit(now, "forward")
+        if not grad_enabled and not regions:
+            seg = self._seg
+            if seg.t_start is not None:
+                seg.mark = _Mark(
+                    now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
+                    seg.compute_seen,
+                )  # fmt: skip
 
     # --- data ----------------------------------------------------------------------------
 
@@ -344,16 +426,18 @@ class StepTracker:
         self._in_loader_since = None
         if start is None:
             return
-        wait = max(0.0, now - start)
+        wait = now - start if now > start else 0.0
         self.work += 1
         seg = self._seg
         seg.loader_wait += wait
-        if self._depth > 0:
+        if self._regions:
             # Fetched inside a compute region (a closure): not compute time.
             seg.compute -= wait
         if fetched:
             seg.fetches += 1
-            seg.loader_samples = _add(seg.loader_samples, samples)
+            if samples is not None:
+                ls = seg.loader_samples
+                seg.loader_samples = samples if ls is None else ls + samples
 
     @property
     def loader_wait_started(self) -> float | None:
@@ -363,39 +447,86 @@ class StepTracker:
     # --- boundaries ------------------------------------------------------------------------
 
     def optimizer_enter(self, now: float) -> None:
-        self.compute_enter(now, "optimizer")
+        regions = self._regions
+        if "optimizer" in regions:
+            # A previous optimizer step raised before its post hook: close it.
+            self._abandon_region("optimizer", now)
+        seg = self._seg
+        # compute_enter, inline: this runs at every step.
+        if seg.t_start is None:
+            seg.t_start = now
+        if not seg.marker_taken:
+            seg.marker_taken = True
+            seg.start_marker = self.listener.segment_started()
+        if not regions:
+            self._region_t0 = now
+            self.work += 1
+        regions.append("optimizer")
+        seg.compute_seen = True
+        self.wants_batch = seg.optimizer_forward_samples is None
 
     def optimizer_exit(self, now: float, optimizer: object) -> None:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
-        self.compute_exit(now, "optimizer")
-        if self.mode == "api" or "optimizer" in self._regions:
+        regions = self._regions
+        if regions and regions[-1] == "optimizer":
+            regions.pop()  # compute_exit's common case, inline
+            if not regions:
+                self._seg.compute += max(0.0, now - self._region_t0)
+                self.outside_since = now
+        else:
+            self.compute_exit(now, "optimizer")
+        if "optimizer" in regions:
+            return
+        self.wants_batch = self._seg.forward_samples is None
+        if self.mode == "api":
             return
         self.mode = "optimizer"
         if self._lead is None:
             self._lead = optimizer
-        if optimizer != self._lead:
+        elif optimizer != self._lead:
             count = self._others.get(optimizer, 0) + 1
             self._others[optimizer] = count
             if count < LEAD_TAKEOVER:
                 return
             self._lead = optimizer
-        self._others.clear()
+        if self._others:
+            self._others.clear()
         self._close(now, "optimizer")
 
     def backward_enter(self, now: float) -> None:
-        self.compute_enter(now, "backward")
+        seg = self._seg
+        # compute_enter, inline: this runs at every step.
+        if seg.t_start is None:
+            seg.t_start = now
+        if not seg.marker_taken:
+            seg.marker_taken = True
+            seg.start_marker = self.listener.segment_started()
+        regions = self._regions
+        if not regions:
+            self._region_t0 = now
+            self.work += 1
+        regions.append("backward")
+        seg.compute_seen = True
 
     def backward_exit(self, now: float) -> None:
-        self.compute_exit(now, "backward")
-        if self._depth > 0 or self.mode in ("optimizer", "api"):
+        regions = self._regions
+        if regions and regions[-1] == "backward":
+            regions.pop()  # compute_exit's common case, inline
+            if not regions:
+                self._seg.compute += max(0.0, now - self._region_t0)
+                self.outside_since = now
+        else:
+            self.compute_exit(now, "backward")
+        mode = self.mode
+        if regions or mode == "optimizer" or mode == "api":
             return
-        if self.mode == "backward":
+        if mode == "backward":
             self._close(now, "backward")
             return
         seg = self._seg
         seg.begin(now)
         self._held.append(seg)
-        self._seg = _Segment(t_start=now)
+        self._new_segment(now)
         first = self._held[0].t_start
         elapsed = now - first if first is not None else 0.0
         if len(self._held) >= HOLD_MAX_SEGMENTS or (
@@ -427,13 +558,22 @@ class StepTracker:
         if self._held:
             seg = _merge([*self._held, seg])
             self._held = []
-        seg.begin(now)
-        self._seg = _Segment(t_start=now)
-        phase = self.phase
-        if self._phases:
-            self._phases[-1].steps_inside += 1
-        if source == "optimizer" and phase == TRAIN and self._is_eval(seg):
-            assert seg.mark is not None
+        if seg.t_start is None:
+            seg.t_start = now
+        self._seg = _Segment(now)
+        self.wants_batch = True
+        phases = self._phases
+        if phases:
+            phase = phases[-1].name
+            phases[-1].steps_inside += 1
+        else:
+            phase = TRAIN
+        if (
+            seg.mark is not None
+            and source == "optimizer"
+            and phase == TRAIN
+            and self._is_eval(seg)
+        ):
             eval_part, seg = self._split(seg, seg.mark)
             self._finish(eval_part, seg.t_start or now, "optimizer", EVAL)
         else:
@@ -480,47 +620,60 @@ class StepTracker:
 
     def _finish(self, seg: _Segment, t_end: float, source: str, phase: str) -> None:
         t_start = seg.t_start if seg.t_start is not None else t_end
-        duration = max(0.0, t_end - t_start - seg.excluded)
-        compute = max(0.0, seg.compute) if seg.compute_seen else None
-        outside = max(0.0, duration - (compute or 0.0) - seg.loader_wait)
-        if seg.fetches or seg.loader_wait > 0:
-            data_wait = seg.loader_wait
+        duration = t_end - t_start - seg.excluded
+        if duration < 0.0:
+            duration = 0.0
+        loader_wait = seg.loader_wait
+        if seg.compute_seen:
+            busy = seg.compute if seg.compute > 0.0 else 0.0
+            compute: float | None = busy
+            outside = duration - busy - loader_wait
+        else:
+            compute = None
+            outside = duration - loader_wait
+        if outside < 0.0:
+            outside = 0.0
+        fetches = seg.fetches
+        if fetches or loader_wait > 0:
+            data_wait = loader_wait
         elif compute is not None:
             data_wait = outside
         else:
             data_wait = 0.0  # no compute seen (explicit API without torch): unknown
-        if seg.fetches and seg.loader_samples is not None:
+        if fetches and seg.loader_samples is not None:
             samples: int | None = seg.loader_samples
         elif seg.forward_samples is not None:
             samples = seg.forward_samples
         else:
             samples = seg.optimizer_forward_samples
-        number = self.steps_by_phase.get(phase, 0) + 1
-        self.steps_by_phase[phase] = number
-        draft = StepDraft(
-            step=number,
-            phase=phase,
-            source=source,
-            t_start=t_start,
-            t_end=t_end,
-            duration_s=duration,
-            loader_wait_s=seg.loader_wait,
-            loader_fetches=seg.fetches,
-            outside_s=outside,
-            data_wait_s=min(data_wait, duration),
-            compute_s=compute,
-            samples=samples,
-            autocast=seg.autocast,
-            start_marker=seg.start_marker,
+        by_phase = self.steps_by_phase
+        number = by_phase.get(phase, 0) + 1
+        by_phase[phase] = number
+        self.emit(
+            StepDraft(  # positional, in field order: this runs once per step
+                number,
+                phase,
+                source,
+                t_start,
+                t_end,
+                duration,
+                loader_wait,
+                fetches,
+                outside,
+                data_wait if data_wait < duration else duration,
+                compute,
+                samples,
+                seg.autocast,
+                seg.start_marker,
+            )
         )
-        self.emit(draft)
 
     # --- phases ------------------------------------------------------------------------------
 
     def phase_enter(self, now: float, name: str) -> None:
         """``trainmedic.phase(name)`` begins: its time leaves the step around it."""
         self._phases.append(_Phase(name=name, t_start=now, outer=self._seg))
-        self._seg = _Segment(t_start=now)
+        self._new_segment(now)
 
     def phase_exit(self, now: float) -> None:
         if not self._phases:
@@ -535,6 +688,7 @@ class StepTracker:
         if self._phases:
             self._phases[-1].steps_inside += 1
         self._seg = outer
+        self.wants_batch = outer.forward_samples is None
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -549,4 +703,4 @@ class StepTracker:
         if self.mode == "optimizer" and self._is_eval(seg) and seg.mark is not None:
             eval_part, _ = self._split(seg, seg.mark)
             self._finish(eval_part, seg.mark.t, "optimizer", EVAL)
-        self._seg = _Segment()
+        self._new_segment(None)

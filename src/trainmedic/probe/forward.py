@@ -1,0 +1,266 @@
+"""Outermost module calls, timed without a Python frame for every nested module call.
+
+A forward pass of a deep model is hundreds of module calls, and only the
+outermost one (the model, the loss module) matters to the step tracker. The
+ways to see it, measured on this project's 2-core machine with a 68-call
+network (``benchmarks/forward_hooks.py``, docs/performance.md):
+
+* a wrapper around ``nn.Module.__call__`` sees every call, nested ones
+  included, and returns at once for those: +0.16 µs per module call;
+* torch's global forward pre/post hooks return at once when nested too, but
+  any global hook sends *every* module call down the slow path of
+  ``_call_impl``: +1.3 µs per module call;
+* per-instance hooks, an instance ``forward`` attribute or a wrapper on the
+  root's class cost only the root's call (+1-4 µs per step, whatever the
+  depth). Instance hooks and attributes are pickled with the model
+  (``torch.save(model)`` would fail on them) and instance hooks stop
+  ``torch.jit.script``; a class attribute is neither pickled nor copied.
+
+So the probe *discovers* the classes of outermost calls with the first
+wrapper, then keeps the same wrapper on those classes only:
+
+1. Discovery: the wrapper sits on ``nn.Module.__call__`` and records the class
+   of every outermost call on the training thread.
+2. After :data:`DISCOVERY_STEPS` steps (or :data:`DISCOVERY_CALLS` outermost
+   calls when no step ends: an inference loop), it is removed and each class
+   seen gets the wrapper as its own ``__call__``. Nested modules never pass
+   through the probe again - except nested instances of a root's own class
+   (a ``Sequential`` of ``Sequential`` blocks), which return at once.
+3. Discovery runs again, at a step end or a DataLoader fetch (never inside a
+   module call), when a step ended without any forward call seen (a model of
+   another class took over), when the probe's thread asks (no step for a
+   while: an evaluation loop, perhaps of another model), and every
+   :data:`REDISCOVER_S`; at most once per :data:`MIN_GAP_S` for the first two.
+
+A class wrapper calls the class's own ``__call__`` when it has one (its own or
+inherited from a class between it and ``nn.Module``), else whatever
+``nn.Module.__call__`` is at that moment, so tools that patch it for a while
+(``torch.fx`` tracing) still see every call. Removal puts back only what is
+still the probe's.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from trainmedic.probe.hookutil import autocast_reader, batch_size, compiling_reader
+
+if TYPE_CHECKING:
+    from trainmedic.probe.runtime import Probe
+
+DISCOVERY_STEPS = 3
+"""Steps ended while discovering before the classes seen are patched."""
+DISCOVERY_CALLS = 64
+"""... or outermost calls seen while discovering, when steps do not end."""
+REDISCOVER_S = 30.0
+"""Seconds between two routine discoveries (a model that only appears now and then)."""
+MIN_GAP_S = 2.0
+"""Seconds after a discovery before a step without forward calls, or the probe's
+thread, may start another."""
+
+_get_ident = threading.get_ident
+
+
+class ForwardWatch:
+    """Times outermost module calls on the training thread; see the module doc.
+
+    Every method runs on the training thread except :meth:`request`.
+    """
+
+    def __init__(self, torch: Any, probe: Probe) -> None:
+        self.module_cls: type = torch.nn.Module
+        self._base = self.module_cls.__dict__["__call__"]
+        self._probe = probe
+        self._tracker = probe._ensure_tracker()
+        self._tensor = torch.Tensor
+        self._is_compiling = compiling_reader(torch)
+        self._autocast = autocast_reader(torch)
+        self._is_grad_enabled = torch.is_grad_enabled
+        self.seen: set[type] = set()
+        self.patched: dict[type, tuple[Callable[..., Any], Any]] = {}
+        """Patched class -> (the probe's wrapper, the class's own ``__call__`` or ``None``)."""
+        self._installed = False
+        self.discovering = False
+        self.discoveries = 0
+        self.requested = False
+        self._steps = 0
+        self._forwards_at_begin = 0
+        self._ended_at = float("-inf")
+        self._next_routine = float("inf")
+        self._forwards_at_close = 0
+        self._generic = self._wrapper(self._base, record=True)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self._installed = True
+        self._probe.forward = self
+        self.begin(self._probe.clock())
+
+    def uninstall(self) -> None:
+        """Remove every wrapper that is still the probe's."""
+        self._installed = False
+        if self._probe.forward is self:
+            self._probe.forward = None
+        self._set_generic(False)
+        for cls, (wrapper, own) in self.patched.items():
+            if cls.__dict__.get("__call__") is wrapper:
+                if own is None:
+                    delattr(cls, "__call__")
+                else:
+                    cls.__call__ = own  # type: ignore[method-assign]
+        self.patched.clear()
+        self.discovering = False
+
+    def begin(self, now: float) -> None:
+        """Start discovering (at a point outside any module call)."""
+        self.requested = False
+        if self.discovering or not self._installed:
+            return
+        self.discovering = True
+        self.discoveries += 1
+        self._steps = 0
+        self._forwards_at_begin = self._tracker.forwards
+        self._set_generic(True)
+
+    def end(self, now: float) -> None:
+        """Stop discovering: patch the classes seen, remove the generic wrapper."""
+        if not self.discovering:
+            return
+        self.discovering = False
+        self._ended_at = now
+        self._next_routine = now + REDISCOVER_S
+        # Parents first: a subclass of a patched class is already covered.
+        for cls in sorted(self.seen - self.patched.keys(), key=lambda c: len(c.__mro__)):
+            if not any(issubclass(cls, done) for done in self.patched):
+                self._patch(cls)
+        self.seen.clear()
+        self._set_generic(False)
+
+    def request(self) -> None:
+        """Ask for a discovery at the next safe point (any thread)."""
+        self.requested = True
+
+    # --- safe points (training thread, outside module calls) -------------------------------
+
+    def step_closed(self, now: float) -> None:
+        """A step ended: count it, or decide whether to discover again."""
+        forwards = self._tracker.forwards
+        if self.discovering:
+            self._steps += 1
+            if self._steps >= DISCOVERY_STEPS:
+                self.end(now)
+        elif now >= self._next_routine or (
+            (self.requested or forwards == self._forwards_at_close)
+            and now - self._ended_at >= MIN_GAP_S
+        ):
+            self.begin(now)
+        self._forwards_at_close = forwards
+
+    def fetched(self, now: float) -> None:
+        """A DataLoader batch is about to be fetched: act on a pending request, or end
+        a discovery that has seen enough calls (an evaluation loop ends no steps)."""
+        if self.discovering:
+            if self._tracker.forwards - self._forwards_at_begin >= DISCOVERY_CALLS:
+                self.end(now)
+        elif self.requested and now - self._ended_at >= MIN_GAP_S:
+            self.begin(now)
+
+    # --- the wrappers ------------------------------------------------------------------------
+
+    def _set_generic(self, on: bool) -> None:
+        cls = self.module_cls
+        current = cls.__dict__.get("__call__")
+        if on and current is self._base:
+            cls.__call__ = self._generic  # type: ignore[method-assign]
+        elif not on and current is self._generic:
+            cls.__call__ = self._base  # type: ignore[method-assign]
+
+    def _patch(self, cls: type) -> None:
+        own = cls.__dict__.get("__call__")
+        inherited = next(c.__dict__["__call__"] for c in cls.__mro__ if "__call__" in c.__dict__)
+        # The class's own ``__call__``, one inherited from a class between it and
+        # ``nn.Module``, or (``None``) whatever ``nn.Module.__call__`` is at the call.
+        target = inherited if inherited not in (self._base, self._generic) else None
+        wrapper = self._wrapper(target, record=False)
+        try:
+            cls.__call__ = wrapper  # type: ignore[method-assign]
+        except (TypeError, AttributeError):
+            return  # a class that refuses attributes stays unwatched
+        self.patched[cls] = (wrapper, own)
+
+    def _wrapper(self, original: Any, record: bool) -> Callable[..., Any]:
+        """The wrapper of outermost calls.
+
+        ``original`` is what it calls; ``None`` means whatever ``nn.Module.__call__``
+        is now. ``record`` (the generic wrapper) notes the class of each outermost
+        call and ends discovery after :data:`DISCOVERY_CALLS` outermost calls.
+        """
+        probe = self._probe
+        part = probe.parts["forward"]
+        tracker = probe._ensure_tracker()
+        clock = probe.clock
+        state = probe.state
+        module_cls = self.module_cls
+        tensor = self._tensor
+        is_compiling = self._is_compiling
+        is_grad_enabled = self._is_grad_enabled
+        autocast = self._autocast
+        seen = self.seen
+        watch = self
+        fixed = original
+
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            call = fixed if fixed is not None else module_cls.__call__
+            # ``is_compiling()`` before the thread test: dynamo folds it to a constant
+            # when it traces a compiled function calling the model, where the thread
+            # test or the clock would break its graph.
+            if (
+                state.depth
+                or is_compiling()
+                or not part.on
+                or _get_ident() != state.training_ident
+            ):
+                return call(self, *args, **kwargs)
+            try:
+                if part.fault:
+                    part.check()
+                if record:
+                    seen.add(type(self))
+                grad = is_grad_enabled()
+                if tracker.wants_batch:
+                    samples = batch_size(args, tensor) if args else batch_size(kwargs, tensor)
+                    tracker.forward_enter(clock(), samples, grad, autocast())
+                else:
+                    tracker.forward_enter(clock(), None, grad, None)
+            except Exception as exc:
+                part.fail(exc)
+                tracker.compute_exit(clock(), "forward")
+                return call(self, *args, **kwargs)
+            state.depth = 1
+            try:
+                return call(self, *args, **kwargs)
+            finally:
+                state.depth = 0
+                try:
+                    now = clock()
+                    tracker.forward_exit(now, grad)
+                    if record and tracker.forwards - watch._forwards_at_begin >= DISCOVERY_CALLS:
+                        watch.end(now)
+                except Exception as exc:
+                    part.fail(exc)
+
+        functools.update_wrapper(__call__, original if original is not None else self._base)
+        return __call__
+
+
+def install(torch: Any, probe: Probe) -> ForwardWatch:
+    """Start watching outermost module calls (discovering first) as ``probe.forward``;
+    undone by ``probe.restore``."""
+    watch = ForwardWatch(torch, probe)
+    watch.install()
+    probe.restore.append(watch.uninstall)
+    return watch

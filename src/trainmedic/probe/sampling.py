@@ -1,0 +1,227 @@
+"""The stack sampler thread, and how often it samples.
+
+Sampling is frequent (:data:`FAST_S`) only while loading is worth
+diagnosing, and rare (:data:`SLOW_S`) while steps are healthy:
+
+* in the training process (:class:`MainPolicy`): frequent while the recent
+  data wait is at least :data:`WATCH_SHARE` of step time (the diagnosis
+  reports a data wait from 20 %), before the first steps are known, and while
+  the current wait has lasted :data:`STALL_FACTOR` times the usual step and
+  at least :data:`STALL_FLOOR_S` (a stall in progress: the diagnosis names a
+  stall's cause from the stack samples taken during it);
+* in a DataLoader worker (:class:`WorkerPolicy`), which cannot see the
+  training process's steps: frequent while the worker has been busy (not
+  waiting for work) at least :data:`WORKER_BUSY_SHARE` of the recent samples -
+  saturated workers are what an input-bound job looks like - rare otherwise.
+
+At :data:`SLOW_S` the thread wakes four times a second and mostly finds
+nothing to sample (the training thread is not waiting for data); a sample
+costs about 25 µs of CPU (20 frames read and classified).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from trainmedic.probe.stacks import FLUSH_S, ActivityAggregate, read_frames
+from trainmedic.record.types import LoaderActivity
+
+FAST_S = 0.02
+"""Seconds between two samples while loading is being diagnosed."""
+SLOW_S = 0.25
+"""Seconds between two samples while steps are healthy."""
+WATCH_SHARE = 0.10
+"""Recent data-wait share of step time from which sampling is frequent."""
+STALL_FACTOR = 4.0
+STALL_FLOOR_S = 0.1
+WORKER_BUSY_SHARE = 0.7
+RECENT_S = 5.0
+"""Time constant of the recent step averages, seconds."""
+WORKER_RECENT_S = 2.0
+"""Time constant of a worker's recent busy share, seconds."""
+
+Targets = Callable[[], Sequence[tuple[int, str]]]
+"""Returns the (thread id, role) pairs to sample now; empty when nothing is wanted."""
+
+
+class StepStats:
+    """Recent step times and data waits, decayed with :data:`RECENT_S` (one writer)."""
+
+    __slots__ = ("_duration", "_steps", "_wait")
+
+    def __init__(self) -> None:
+        self._duration = 0.0
+        self._wait = 0.0
+        self._steps = 0.0
+
+    def add(self, duration_s: float, data_wait_s: float) -> None:
+        keep = math.exp(-max(0.0, duration_s) / RECENT_S)
+        self._duration = self._duration * keep + duration_s
+        self._wait = self._wait * keep + data_wait_s
+        self._steps = self._steps * keep + 1.0
+
+    @property
+    def known(self) -> bool:
+        return self._steps > 0
+
+    @property
+    def wait_share(self) -> float:
+        return self._wait / self._duration if self._duration > 0 else 0.0
+
+    @property
+    def step_s(self) -> float:
+        """The recent mean step time, seconds (0 before any step)."""
+        return self._duration / self._steps if self._steps > 0 else 0.0
+
+
+class MainPolicy:
+    """Sampling period in the training process.
+
+    Args:
+        stats: recent steps (kept by the probe's thread).
+        waiting_since: when the current wait for data began (probe clock), or ``None``.
+        clock: the clock of ``waiting_since``.
+    """
+
+    def __init__(
+        self,
+        stats: StepStats,
+        waiting_since: Callable[[], float | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._stats = stats
+        self._waiting_since = waiting_since
+        self._clock = clock
+
+    def period(self, last_state: str | None) -> float:
+        stats = self._stats
+        if not stats.known or stats.wait_share >= WATCH_SHARE:
+            return FAST_S
+        since = self._waiting_since()
+        if since is not None:
+            waited = self._clock() - since
+            if waited >= max(STALL_FLOOR_S, STALL_FACTOR * stats.step_s):
+                return FAST_S
+        return SLOW_S
+
+
+class WorkerPolicy:
+    """Sampling period in a DataLoader worker, from its own recent busy share."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._busy = 1.0  # a worker starting up is busy: watch it until it waits
+        self._last = monotonic()
+
+    @property
+    def busy_share(self) -> float:
+        return self._busy
+
+    def period(self, last_state: str | None) -> float:
+        now = self._monotonic()
+        if last_state is not None:
+            weight = 1.0 - math.exp(-max(0.0, now - self._last) / WORKER_RECENT_S)
+            busy = 0.0 if last_state == "idle" else 1.0
+            self._busy += weight * (busy - self._busy)
+        self._last = now
+        return FAST_S if self._busy >= WORKER_BUSY_SHARE else SLOW_S
+
+
+class StackSampler:
+    """A daemon thread sampling the stacks ``targets`` names.
+
+    Args:
+        targets: what to sample now (called at every wake-up, from the sampler thread).
+        emit: receives each aggregate.
+        on_error: called with the exception when sampling fails; the thread stops.
+        period: seconds until the next wake-up, given the state of the last
+            stack sampled (``None`` when none was); a constant ``period_s`` without it.
+        wall: Unix clock for the records' ``t``.
+    """
+
+    def __init__(
+        self,
+        targets: Targets,
+        emit: Callable[[LoaderActivity], None],
+        on_error: Callable[[BaseException], None],
+        pid: int,
+        period_s: float = FAST_S,
+        flush_s: float = FLUSH_S,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        check: Callable[[], None] | None = None,
+        period: Callable[[str | None], float] | None = None,
+    ) -> None:
+        self._targets = targets
+        self._emit = emit
+        self._on_error = on_error
+        self.pid = pid
+        self._period = period if period is not None else (lambda _state: period_s)
+        self._flush_s = flush_s
+        self._wall = wall
+        self._monotonic = monotonic
+        self._check = check
+        self.aggregate = ActivityAggregate()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples = 0
+        self.wakeups = 0
+        self.last_state: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainmedic-stacks", daemon=True)
+        self._thread.start()
+
+    def sample_once(self) -> int:
+        """Take one sample of every target now; returns how many stacks were read."""
+        targets = self._targets()
+        self.last_state = None
+        if not targets:
+            return 0
+        if self._check is not None:
+            self._check()
+        frames = sys._current_frames()
+        taken = 0
+        for ident, role in targets:
+            frame = frames.get(ident)
+            if frame is None:
+                continue
+            stack = read_frames(frame)
+            with self._lock:
+                self.last_state = self.aggregate.add(stack, role)
+            taken += 1
+        del frames
+        self.samples += taken
+        return taken
+
+    def flush(self) -> None:
+        """Send what has been counted so far (safe from any thread)."""
+        with self._lock:
+            record = self.aggregate.take(self._wall(), self.pid)
+        if record is not None:
+            self._emit(record)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        self.flush()
+
+    def _run(self) -> None:
+        next_flush = self._monotonic() + self._flush_s
+        try:
+            while not self._stop.wait(self._period(self.last_state)):
+                self.wakeups += 1
+                self.sample_once()
+                now = self._monotonic()
+                if now >= next_flush:
+                    next_flush = now + self._flush_s
+                    self.flush()
+        except Exception as exc:
+            self._on_error(exc)

@@ -1,0 +1,241 @@
+"""The forward watch in this process: discovery of root classes, and nothing on nested calls."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from trainmedic.probe import forward, torch_hooks  # noqa: E402
+from trainmedic.probe.env import ProbeConfig  # noqa: E402
+from trainmedic.probe.runtime import Probe  # noqa: E402
+
+
+class Clock:
+    """A probe clock that moves only when told to (seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))
+
+    def forward(self, x: Any) -> Any:
+        return self.body(x)
+
+
+class OtherNet(Net):
+    """Another model class (a subclass of nothing the probe patched)."""
+
+
+class OtherNet2(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: Any) -> Any:
+        return self.linear(x)
+
+
+class OwnCall(nn.Module):
+    """A model class with its own ``__call__`` (it counts its calls)."""
+
+    calls = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: Any) -> Any:
+        return self.linear(x)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).calls += 1
+        return super().__call__(*args, **kwargs)
+
+
+@pytest.fixture
+def probe() -> Iterator[tuple[Probe, Clock]]:
+    clock = Clock()
+    p = Probe(ProbeConfig("unix:/nonexistent", "t", None, frozenset(), frozenset()), clock=clock)
+    p.failed = True  # no channel: records are dropped, hooks still run
+    base_call = nn.Module.__dict__["__call__"]
+    p._install_torch(torch)
+    try:
+        yield p, clock
+    finally:
+        torch_hooks.uninstall(p)
+        assert nn.Module.__dict__["__call__"] is base_call
+
+
+_OPTIMIZER = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.01)
+"""One optimizer for every test model, so that each step is the lead optimizer's."""
+
+
+def train_step(model: nn.Module, clock: Clock, loss_fn: nn.Module | None = None) -> None:
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    opt = _OPTIMIZER
+    x, y = torch.randn(2, 4), torch.tensor([0, 1])
+    clock.t += 0.01
+    opt.zero_grad()
+    loss = loss_fn(model(x), y)
+    clock.t += 0.01
+    loss.backward()
+    clock.t += 0.01
+    opt.step()
+
+
+def own_call(cls: type) -> Any:
+    return cls.__dict__.get("__call__")
+
+
+def test_discovery_patches_only_the_classes_called_outermost(probe: tuple[Probe, Clock]) -> None:
+    p, clock = probe
+    watch = p.forward
+    assert watch is not None and watch.discovering
+    assert nn.Module.__dict__["__call__"] is not watch._base  # the generic wrapper
+    model, loss_fn = Net(), nn.CrossEntropyLoss()
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(model, clock, loss_fn)
+    assert not watch.discovering
+    assert set(watch.patched) == {Net, nn.CrossEntropyLoss}
+    # Nested modules never pass through the probe again.
+    assert nn.Module.__dict__["__call__"] is watch._base
+    for cls in (nn.Sequential, nn.Linear, nn.ReLU):
+        assert own_call(cls) is None
+    before = p.tracker.forwards if p.tracker else 0
+    train_step(model, clock, loss_fn)
+    assert p.tracker is not None
+    assert p.tracker.forwards == before + 2  # the model and the loss, nothing nested
+    assert p.tracker.train_steps == forward.DISCOVERY_STEPS + 1
+
+
+def test_uninstall_puts_every_class_back(probe: tuple[Probe, Clock]) -> None:
+    p, clock = probe
+    model = OwnCall()
+    own = own_call(OwnCall)
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(model, clock)
+    watch = p.forward
+    assert watch is not None and OwnCall in watch.patched
+    assert own_call(OwnCall) is not own
+    OwnCall.calls = 0
+    train_step(model, clock)
+    assert OwnCall.calls == 1  # the class's own __call__ still runs, once
+    torch_hooks.uninstall(p)
+    assert own_call(OwnCall) is own
+    assert own_call(nn.CrossEntropyLoss) is None
+    assert p.forward is None
+
+
+def test_a_model_of_a_new_class_is_found_after_a_step_without_forward_calls(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    watch = p.forward
+    assert watch is not None
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(Net(), clock)
+    clock.t += forward.MIN_GAP_S
+    other, loss_fn = OtherNet2(), nn.MSELoss()
+
+    def step() -> None:
+        opt = _OPTIMIZER
+        clock.t += 0.01
+        opt.zero_grad()
+        loss_fn(other(torch.randn(2, 4)), torch.zeros(2, 3)).backward()
+        opt.step()
+
+    step()  # neither OtherNet2 nor MSELoss is watched: the step ends with no forward seen
+    assert watch.discovering
+    for _ in range(forward.DISCOVERY_STEPS):
+        step()
+    assert {OtherNet2, nn.MSELoss} <= set(watch.patched)
+    assert p.tracker is not None
+    before = p.tracker.forwards
+    step()
+    assert p.tracker.forwards == before + 2
+
+
+def test_a_subclass_of_a_watched_class_needs_no_wrapper_of_its_own(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(Net(), clock)
+    watch = p.forward
+    assert watch is not None
+    clock.t += forward.REDISCOVER_S
+    sub = OtherNet()
+    for _ in range(forward.DISCOVERY_STEPS + 1):
+        train_step(sub, clock)
+    assert watch.discoveries == 2  # the routine one
+    assert OtherNet not in watch.patched
+    assert p.tracker is not None
+    before = p.tracker.forwards
+    train_step(sub, clock)
+    assert p.tracker.forwards == before + 2
+
+
+def test_a_request_starts_discovery_at_the_next_fetch_and_calls_end_it(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(Net(), clock)
+    watch = p.forward
+    assert watch is not None
+    clock.t += forward.MIN_GAP_S
+    watch.request()  # what the probe's thread does when steps stop but work goes on
+    evaluator = OtherNet2()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(80, 4)))
+    with torch.no_grad():
+        for (x,) in data:  # an evaluation loop: no steps end
+            evaluator(x)
+    assert not watch.discovering
+    assert OtherNet2 in watch.patched
+
+
+def test_models_pickle_and_copy_as_without_the_probe(probe: tuple[Probe, Clock]) -> None:
+    p, clock = probe
+    model = Net()
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(model, clock)
+    assert p.forward is not None and Net in p.forward.patched
+    assert "forward" not in vars(model) and not model._forward_hooks
+    clone = pickle.loads(pickle.dumps(model))
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    assert torch.equal(clone(x), model(x)) and torch.equal(twin(x), model(x))
+
+
+def test_the_watch_stays_out_of_other_threads_and_nested_instances(
+    probe: tuple[Probe, Clock],
+) -> None:
+    import threading
+
+    p, clock = probe
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(Net(), clock)
+    assert p.tracker is not None
+    before = p.tracker.forwards
+    thread = threading.Thread(target=lambda: Net()(torch.randn(2, 4)))
+    thread.start()
+    thread.join()
+    assert p.tracker.forwards == before  # another thread's calls are not timed
+    outer = Net()
+    outer.body = nn.Sequential(Net(), nn.Linear(3, 3))  # a Net nested in a Net
+    outer(torch.randn(2, 4))
+    assert p.tracker.forwards == before + 1

@@ -1,0 +1,139 @@
+"""How often the stack sampler samples: often while loading is worth diagnosing, rarely else."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+
+from trainmedic.probe.sampling import (
+    FAST_S,
+    SLOW_S,
+    STALL_FLOOR_S,
+    WATCH_SHARE,
+    MainPolicy,
+    StackSampler,
+    StepStats,
+    WorkerPolicy,
+)
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def stats_of(step_s: float, wait_share: float, steps: int = 50) -> StepStats:
+    stats = StepStats()
+    for _ in range(steps):
+        stats.add(step_s, step_s * wait_share)
+    return stats
+
+
+def test_recent_step_statistics() -> None:
+    stats = StepStats()
+    assert not stats.known and stats.wait_share == 0.0 and stats.step_s == 0.0
+    for _ in range(100):
+        stats.add(0.01, 0.005)
+    assert stats.wait_share == pytest.approx(0.5)
+    assert stats.step_s == pytest.approx(0.01)
+    for _ in range(2000):  # 20 s of healthy steps: the old waits have faded
+        stats.add(0.01, 0.0)
+    assert stats.wait_share < 0.01
+
+
+def test_a_training_process_is_sampled_often_until_its_steps_are_known() -> None:
+    clock = Clock()
+    policy = MainPolicy(StepStats(), lambda: None, clock)
+    assert policy.period(None) == FAST_S
+
+
+def test_a_loader_bound_process_is_sampled_often() -> None:
+    clock = Clock()
+    policy = MainPolicy(stats_of(0.01, WATCH_SHARE * 1.5), lambda: None, clock)
+    assert policy.period(None) == FAST_S
+
+
+def test_healthy_steps_are_sampled_rarely_unless_a_wait_becomes_a_stall() -> None:
+    clock = Clock()
+    since: list[float | None] = [None]
+    policy = MainPolicy(stats_of(0.01, 0.02), lambda: since[0], clock)
+    assert policy.period(None) == SLOW_S
+    since[0] = clock.t - 0.005  # an ordinary fetch
+    assert policy.period("ipc_wait") == SLOW_S
+    since[0] = clock.t - STALL_FLOOR_S * 1.01  # 10 usual steps, over the floor: a stall
+    assert policy.period("file_read") == FAST_S
+
+
+def test_the_stall_bar_follows_the_usual_step() -> None:
+    clock = Clock()
+    since = clock.t - 1.0
+    slow_steps = MainPolicy(stats_of(0.5, 0.0), lambda: since, clock)
+    assert slow_steps.period(None) == SLOW_S  # a 1 s wait is two usual steps
+    clock.t += 1.0
+    assert slow_steps.period(None) == FAST_S  # a 2 s wait is four
+
+
+def test_a_worker_is_sampled_often_while_busy_and_rarely_while_it_waits_for_work() -> None:
+    clock = Clock()
+    policy = WorkerPolicy(monotonic=clock)
+    assert policy.period(None) == FAST_S  # starting up: watched
+    while policy.period("idle") == FAST_S:
+        clock.t += FAST_S
+        assert clock.t < 105.0, "an idle worker kept being sampled often"
+    assert policy.busy_share < 0.7
+    t_idle = clock.t
+    while policy.period("file_read") == SLOW_S:
+        clock.t += SLOW_S
+        assert clock.t < t_idle + 5.0, "a saturated worker stayed rarely sampled"
+
+
+@pytest.mark.parametrize(("busy", "most"), [(0.5, 0.2), (0.9, 1.0)])
+def test_a_worker_that_keeps_up_is_sampled_rarely(busy: float, most: float) -> None:
+    """Over 60 s of a worker busy ``busy`` of every 0.3 s, samples as a share of always-often."""
+    clock = Clock()
+    policy = WorkerPolicy(monotonic=clock)
+    samples = 0
+    last: str | None = None
+    while clock.t < 160.0:
+        clock.t += policy.period(last)
+        samples += 1
+        last = "transform" if clock.t % 0.3 < 0.3 * busy else "idle"
+    share = samples / (60.0 / FAST_S)
+    assert share <= most
+    if busy >= 0.9:
+        assert share > 0.9
+
+
+def test_the_sampler_thread_waits_as_long_as_the_policy_says() -> None:
+    asked: list[str | None] = []
+    done = threading.Event()
+
+    def period(last: str | None) -> float:
+        asked.append(last)
+        if len(asked) >= 3:
+            sampler._stop.set()
+            done.set()
+        return 0.0
+
+    work: queue.Queue[None] = queue.Queue()
+    worker = threading.Thread(target=work.get)  # a worker waiting for work
+    worker.start()
+    sampler = StackSampler(
+        lambda: [(worker.ident or 0, "worker")],
+        lambda record: None,
+        lambda exc: None,
+        pid=1,
+        period=period,
+    )
+    sampler.start()
+    assert done.wait(10)
+    work.put(None)
+    worker.join()
+    assert asked[0] is None  # nothing sampled before the first wait
+    assert asked[1] == "idle"  # the sampled stack's state
+    assert sampler.wakeups >= 2
