@@ -1,25 +1,29 @@
 """What ``trainmedic run`` costs a training job, next to ``torch.profiler``; and doctor's time.
 
-The same small-step job (``overhead_job.py``: an MLP on preloaded data, a few
-milliseconds per step) runs as a plain process, under ``trainmedic run`` and
-under ``torch.profiler``, in rounds that interleave the three (the order
-rotates each round), so a machine whose load drifts affects them alike. Each
-job times its own training loop; the table gives per-step times and their
-ratios to plain, as medians over the rounds, and the ratio of the fastest
-rounds (other users of the machine only ever add time, so the least disturbed
-round is the cleanest view of the cost itself). The supervisor's CPU is read
-with psutil from the ``trainmedic run`` process itself (user + system time)
-while the job runs, as a share of one core; the whole-lifetime share (with
-start-up, diagnosis and report) is given too.
+Each job of ``bench_models`` (``overhead_job.py --model NAME``: the 0.7 ms
+MLP, the 3.5 ms deep network, the transformer with ~300 module calls a step)
+runs as a plain process, under ``trainmedic run --quiet --no-html`` and under
+``torch.profiler``, in rounds that interleave the three (the order rotates
+each round), so a machine whose load drifts affects them alike. Each job
+times its own training loop; the table gives per-step times and their ratios
+to plain as medians over the rounds, the spread of the per-round ratios
+(lowest..highest), and the training thread's and the whole job process's CPU
+per step (CPU time is far less disturbed by other users of the machine than
+wall time). The supervisor's CPU is read with psutil from the ``trainmedic
+run`` process itself (user + system time) while the job runs, as a share of
+one core; the whole-lifetime share (with start-up, diagnosis and report) is
+given too.
 
 ``trainmedic doctor`` (no data checks) is timed as a whole command, median
 of several runs.
 
-    python benchmarks/overhead.py [--rounds 5] [--steps 2000] [--doctor-runs 7] [--ablate]
+    python benchmarks/overhead.py [--models mlp,deep,transformer] [--rounds 7]
+        [--seconds 4] [--doctor-runs 7] [--ablate]
 
 ``--ablate`` adds, to find where an overhead goes, runs under ``trainmedic
 run --no-probe`` (the supervisor alone) and runs with one probe part switched
-off at a time (``TRAINMEDIC_PROBE_DISABLE=<part>``).
+off at a time (``TRAINMEDIC_PROBE_DISABLE=<part>``). ``--seconds`` sets each
+job's loop length from a first timing of its step.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "overhead_job.py"
 POLL_S = 0.05
-ABLATED_PARTS = ("stacks", "forward", "loader", "heartbeat", "steps")
+ABLATED_PARTS = ("stacks", "forward", "backward", "loader", "heartbeat", "steps")
 """Probe parts switched off one at a time by ``--ablate`` (names from ``probe.parts``)."""
 
 
@@ -87,6 +91,8 @@ class Sample:
 
 @dataclass
 class Results:
+    model: str
+    steps: int
     samples: dict[str, list[Sample]] = field(default_factory=dict)
 
 
@@ -171,11 +177,19 @@ def reported_usage(run_dir: Path) -> float | None:
     return None
 
 
-def overhead(rounds: int, steps: int, threads: int, modes: tuple[Mode, ...]) -> Results:
-    job_args = ["--steps", str(steps), "--threads", str(threads)]
-    results = Results({m.name: [] for m in modes})
+def steps_for(model: str, threads: int, seconds: float) -> int:
+    """Steps that make a loop of about ``seconds``, from a short plain run."""
+    probe = run_plain(["--model", model, "--steps", "40", "--threads", str(threads)], False)
+    return max(100, int(seconds / probe.step_mean_s))
+
+
+def overhead(
+    model: str, rounds: int, seconds: float, threads: int, modes: tuple[Mode, ...]
+) -> Results:
+    steps = steps_for(model, threads, seconds)
+    job_args = ["--model", model, "--steps", str(steps), "--threads", str(threads)]
+    results = Results(model, steps, {m.name: [] for m in modes})
     with tempfile.TemporaryDirectory(prefix="trainmedic-bench-") as tmp:
-        run_plain(job_args, profiler=False)  # warm the page cache and torch's first import
         for r in range(rounds):
             k = r % len(modes)
             for i, mode in enumerate(modes[k:] + modes[:k]):
@@ -185,7 +199,8 @@ def overhead(rounds: int, steps: int, threads: int, modes: tuple[Mode, ...]) -> 
                     s = run_plain(job_args, profiler=mode.kind == "profiler")
                 results.samples[mode.name].append(s)
                 print(
-                    f"round {r + 1} {mode.name}: {s.step_mean_s * 1e3:.3f} ms/step", file=sys.stderr
+                    f"{model} round {r + 1} {mode.name}: {s.step_mean_s * 1e3:.3f} ms/step",
+                    file=sys.stderr,
                 )
     return results
 
@@ -205,8 +220,17 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def report(results: Results | None, doctor: list[float], args: argparse.Namespace) -> str:
-    lines = [] if results is None else overhead_table(results, args)
+def report(results: list[Results], doctor: list[float], args: argparse.Namespace) -> str:
+    lines: list[str] = []
+    if results:
+        lines += [
+            f"rounds: {args.rounds}, torch threads: {args.threads}, "
+            f"usable cores: {len(os.sched_getaffinity(0))}; medians over rounds, "
+            "spread = lowest..highest per-round ratio",
+            "",
+        ]
+        for r in results:
+            lines += overhead_table(r)
     if doctor:
         lines += [
             "",
@@ -216,38 +240,43 @@ def report(results: Results | None, doctor: list[float], args: argparse.Namespac
     return "\n".join(lines)
 
 
-def overhead_table(results: Results, args: argparse.Namespace) -> list[str]:
+def overhead_table(results: Results) -> list[str]:
     plain = results.samples["plain"]
     base_mean = statistics.median(s.step_mean_s for s in plain)
     base_median = statistics.median(s.step_median_s for s in plain)
-    lines = [
-        f"steps per job: {args.steps}, rounds: {args.rounds}, torch threads: {args.threads}, "
-        f"usable cores: {len(os.sched_getaffinity(0))}",
-        "",
-        "| mode | step time, mean (ms) | step time, median (ms) | ratio to plain (mean) "
-        "| ratio to plain (median) | ratio of least-disturbed rounds | per-round ratios (mean) "
-        "| training thread CPU / step (µs, vs plain) | job process CPU / step (µs, vs plain) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    base_min = min(s.step_mean_s for s in plain)
     base_thread = statistics.median(s.thread_cpu_s for s in plain)
     base_process = statistics.median(s.process_cpu_s for s in plain)
+    lines = [
+        f"**{results.model}** ({results.steps} steps per job, plain step "
+        f"{base_mean * 1e3:.3f} ms mean, {base_median * 1e3:.3f} ms median)",
+        "",
+        "| mode | ratio to plain, mean step | spread | ratio to plain, median step "
+        "| training thread CPU / step vs plain | job process CPU / step vs plain |",
+        "|---|---|---|---|---|---|",
+    ]
     for mode, samples in results.samples.items():
-        mean = statistics.median(s.step_mean_s for s in samples)
+        if mode == "plain":
+            continue
+        ratios = [s.step_mean_s / p.step_mean_s for s, p in zip(samples, plain, strict=True)]
         med = statistics.median(s.step_median_s for s in samples)
-        per_round = ", ".join(
-            f"{s.step_mean_s / p.step_mean_s:.3f}" for s, p in zip(samples, plain, strict=True)
-        )
-        thread = statistics.median(s.thread_cpu_s for s in samples)
-        process = statistics.median(s.process_cpu_s for s in samples)
+        thread = statistics.median(s.thread_cpu_s for s in samples) - base_thread
+        process = statistics.median(s.process_cpu_s for s in samples) - base_process
         lines.append(
-            f"| {mode} | {mean * 1e3:.3f} | {med * 1e3:.3f} | {mean / base_mean:.3f} "
+            f"| {mode} | {statistics.median(ratios):.3f} | {min(ratios):.3f}..{max(ratios):.3f} "
             f"| {med / base_median:.3f} "
-            f"| {min(s.step_mean_s for s in samples) / base_min:.3f} | {per_round} "
-            f"| {thread * 1e6:.0f} ({(thread - base_thread) * 1e6:+.0f}) "
-            f"| {process * 1e6:.0f} ({(process - base_process) * 1e6:+.0f}) |"
+            f"| {thread * 1e6:+.1f} µs ({thread / base_thread:+.2%}) "
+            f"| {process * 1e6:+.1f} µs ({process / base_process:+.2%}) |"
         )
-    sup = results.samples["trainmedic run"]
+    sup = results.samples.get("trainmedic run", [])
+    during = median([s.supervisor_cpu_during_job for s in sup])
+    lifetime = median([s.supervisor_cpu_lifetime for s in sup])
+    reported = median([s.supervisor_reported for s in sup])
+    lines += [
+        "",
+        f"Supervisor CPU, % of one core: {_pct(during)} while the job runs (psutil), "
+        f"{_pct(lifetime)} over its whole life (start-up, diagnosis, report), "
+        f"{_pct(reported)} by its own account (`supervisor_usage`).",
+    ]
     if len(results.samples) > len(MODES):
         lines += ["", "Supervisor CPU while the job runs, per mode (median):", ""]
         for mode, samples in results.samples.items():
@@ -255,17 +284,7 @@ def overhead_table(results: Results, args: argparse.Namespace) -> list[str]:
                 lines.append(
                     f"- {mode}: {_pct(median([s.supervisor_cpu_during_job for s in samples]))}"
                 )
-    during = median([s.supervisor_cpu_during_job for s in sup])
-    lifetime = median([s.supervisor_cpu_lifetime for s in sup])
-    reported = median([s.supervisor_reported for s in sup])
-    lines += [
-        "",
-        "| supervisor CPU (% of one core, median over rounds) | value |",
-        "|---|---|",
-        f"| while the job runs (psutil on the supervisor) | {_pct(during)} |",
-        f"| whole lifetime, start-up, diagnosis and report included (psutil) | {_pct(lifetime)} |",
-        f"| its own account (`supervisor_usage` event) | {_pct(reported)} |",
-    ]
+    lines.append("")
     return lines
 
 
@@ -275,14 +294,18 @@ def _pct(value: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--models", default="mlp,deep,transformer")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=4.0, help="each job's loop")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--doctor-runs", type=int, default=7)
     parser.add_argument("--ablate", action="store_true", help="also runs that find where it goes")
     args = parser.parse_args()
     modes = MODES + (ABLATION_MODES if args.ablate else ())
-    results = overhead(args.rounds, args.steps, args.threads, modes) if args.rounds > 0 else None
+    results = []
+    if args.rounds > 0:
+        for model in args.models.split(","):
+            results.append(overhead(model, args.rounds, args.seconds, args.threads, modes))
     doctor = doctor_times(args.doctor_runs) if args.doctor_runs > 0 else []
     print(report(results, doctor, args))
 

@@ -239,3 +239,21 @@ def test_the_watch_stays_out_of_other_threads_and_nested_instances(
     outer.body = nn.Sequential(Net(), nn.Linear(3, 3))  # a Net nested in a Net
     outer(torch.randn(2, 4))
     assert p.tracker.forwards == before + 1
+
+
+def test_each_step_knows_its_batch_and_whether_autocast_was_on(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    assert p.tracker is not None
+    drafts: list[Any] = []
+    emit = p.tracker.emit
+    p.tracker.emit = lambda draft: (drafts.append(draft), emit(draft))  # type: ignore[assignment]
+    model = Net()
+    for _ in range(forward.DISCOVERY_STEPS + 1):  # discovering, then watching the root classes
+        train_step(model, clock)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        train_step(model, clock)
+    assert [d.autocast for d in drafts] == [False] * (forward.DISCOVERY_STEPS + 1) + [True]
+    assert {d.samples for d in drafts} == {2}
+    assert all(d.compute_s is not None for d in drafts)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmedic.channel.wire import STEP_COLUMNS
+import pytest
+
+from trainmedic.channel.wire import STEP_COLUMNS, StepBatch, decode_line
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.runtime import IDLE_STEPS_S, Probe
 from trainmedic.probe.sampling import StepStats
@@ -79,6 +81,36 @@ def test_long_steps_are_not_idle_periods() -> None:
     assert watch.requests == 1
 
 
+def test_a_flush_sends_steps_as_rows_and_feeds_the_recent_statistics() -> None:
+    probe, _, _ = make_probe()
+    sent: list[bytes] = []
+
+    class Client:
+        def send(self, data: bytes) -> bool:
+            sent.append(data)
+            return True
+
+    probe.client = Client()  # type: ignore[assignment]
+    probe._hello_due = False
+    for i in range(3):
+        probe._finish_step(draft(step=i + 1, duration_s=0.5, data_wait_s=0.1), None, None)
+    probe._finish_step(draft(step=1, phase="eval", duration_s=9.0, data_wait_s=9.0), None, None)
+    probe._flush()
+    (line,) = b"".join(sent).splitlines()
+    batch, _ = decode_line(line)
+    assert isinstance(batch, StepBatch)
+    assert [(s.step, s.phase) for s in batch.steps] == [
+        (1, "train"),
+        (2, "train"),
+        (3, "train"),
+        (1, "eval"),
+    ]
+    stats = probe.step_stats
+    assert stats is not None
+    assert stats.wait_share == pytest.approx(0.2)  # train steps only
+    assert stats.step_s == pytest.approx(0.5)
+
+
 def draft(**changes: Any) -> StepDraft:
     values: dict[str, Any] = dict(
         step=1, phase="train", source="optimizer", t_start=1.0, t_end=1.5, duration_s=0.5,
@@ -100,6 +132,5 @@ def test_step_rows_carry_the_gpu_view_of_the_data_wait() -> None:
     # No DataLoader: the GPU's idle gap, not the host time spent in a sync.
     assert row["data_wait_s"] == 0.05 and row["gpu_time_s"] == 0.25
     assert row["t"] == 1.5 + probe.wall_offset
-    assert probe.step_stats is not None and probe.step_stats.wait_share == 0.1
     with_loader = probe._step_row(draft(loader_fetches=1, data_wait_s=0.2), Timing(), None)
     assert dict(zip(STEP_COLUMNS, with_loader, strict=True))["data_wait_s"] == 0.2

@@ -42,11 +42,12 @@ still the probe's.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainmedic.probe.hookutil import autocast_reader, batch_size, compiling_reader
+from trainmedic.probe.hookutil import autocast_readers, batch_size, compiling_reader
 
 if TYPE_CHECKING:
     from trainmedic.probe.runtime import Probe
@@ -77,7 +78,7 @@ class ForwardWatch:
         self._tracker = probe._ensure_tracker()
         self._tensor = torch.Tensor
         self._is_compiling = compiling_reader(torch)
-        self._autocast = autocast_reader(torch)
+        self._autocast = autocast_readers(torch)
         self._is_grad_enabled = torch.is_grad_enabled
         self.seen: set[type] = set()
         self.patched: dict[type, tuple[Callable[..., Any], Any]] = {}
@@ -208,7 +209,8 @@ class ForwardWatch:
         tensor = self._tensor
         is_compiling = self._is_compiling
         is_grad_enabled = self._is_grad_enabled
-        autocast = self._autocast
+        autocast_cuda, autocast_cpu = self._autocast
+        modules = sys.modules
         seen = self.seen
         watch = self
         fixed = original
@@ -217,10 +219,11 @@ class ForwardWatch:
             call = fixed if fixed is not None else module_cls.__call__
             # ``is_compiling()`` before the thread test: dynamo folds it to a constant
             # when it traces a compiled function calling the model, where the thread
-            # test or the clock would break its graph.
+            # test or the clock would break its graph. Before dynamo is loaded nothing
+            # can be compiling, and a dictionary test costs less than two calls.
             if (
                 state.depth
-                or is_compiling()
+                or ("torch._dynamo" in modules and is_compiling())
                 or not part.on
                 or _get_ident() != state.training_ident
             ):
@@ -233,7 +236,8 @@ class ForwardWatch:
                 grad = is_grad_enabled()
                 if tracker.wants_batch:
                     samples = batch_size(args, tensor) if args else batch_size(kwargs, tensor)
-                    tracker.forward_enter(clock(), samples, grad, autocast())
+                    on = autocast_cuda() or autocast_cpu()
+                    tracker.forward_enter(clock(), samples, grad, None if on is None else bool(on))
                 else:
                     tracker.forward_enter(clock(), None, grad, None)
             except Exception as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,32 +38,39 @@ def batch_size(value: Any, tensor_type: type, depth: int = 0) -> int | None:
     return None
 
 
-def autocast_reader(torch: Any) -> Callable[[], bool | None]:
-    """A function telling whether autocast is on (CUDA or CPU), whichever API torch has."""
+def autocast_readers(torch: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """Two C-level callables telling whether autocast is on for CUDA and for the CPU.
+
+    ``functools.partial`` of torch's own functions, so that a hook calling them
+    runs no Python frame; without any autocast API both always answer ``None``.
+    """
     is_enabled = getattr(torch, "is_autocast_enabled", None)
     if is_enabled is None:
-        return lambda: None
+        return (_none, _none)
     try:
         is_enabled("cuda")
+        return (functools.partial(is_enabled, "cuda"), functools.partial(is_enabled, "cpu"))
+    except TypeError:  # torch before 2.4: no device argument
+        return (is_enabled, getattr(torch, "is_autocast_cpu_enabled", _none))
 
-        def by_device() -> bool | None:
-            return bool(is_enabled("cuda") or is_enabled("cpu"))
 
-        return by_device
-    except TypeError:
-        cpu = getattr(torch, "is_autocast_cpu_enabled", lambda: False)
-
-        def legacy() -> bool | None:
-            return bool(is_enabled() or cpu())
-
-        return legacy
+def _none() -> None:
+    return None
 
 
 def compiling_reader(torch: Any) -> Callable[[], bool]:
-    """``torch.compiler.is_compiling`` (torch 2.1+), else dynamo's own, else never."""
+    """Whether ``torch.compile`` is tracing: ``torch.compiler.is_compiling`` (torch 2.1+),
+    else dynamo's own, looked up when asked (dynamo loads on first use), else never.
+
+    Call it only when ``"torch._dynamo" in sys.modules``: it cannot be tracing before."""
     compiler = getattr(torch, "compiler", None)
     fn = getattr(compiler, "is_compiling", None)
-    if fn is None:
-        dynamo = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
-        fn = dynamo
-    return fn if fn is not None else (lambda: False)
+    if fn is not None:
+        return fn  # type: ignore[no-any-return]
+
+    def by_dynamo() -> bool:
+        dynamo = sys.modules.get("torch._dynamo")
+        check = getattr(dynamo, "is_compiling", None)
+        return bool(check()) if check is not None else False
+
+    return by_dynamo

@@ -455,9 +455,6 @@ class Probe:
             ):
                 # The GPU's idle gap before the step, not host time spent in a sync.
                 data_wait = min(draft.outside_s, timing.idle_before_s)
-        stats = self.step_stats
-        if stats is not None and draft.phase == "train":
-            stats.add(draft.duration_s, data_wait)
         return [
             draft.step,
             draft.t_end + self.wall_offset,
@@ -766,6 +763,8 @@ class Probe:
             chunks.append(self._hello_line())
         outbox = self.outbox
         rows: list[list[Any]] = []
+        train_s = wait_s = 0.0
+        train_steps = 0
         while True:
             try:
                 message = outbox.popleft()
@@ -773,7 +772,12 @@ class Probe:
                 break
             try:
                 if isinstance(message, tuple):
-                    rows.append(self._step_row(*message))
+                    row = self._step_row(*message)
+                    rows.append(row)
+                    if row[8] == "train":  # phase; duration and data wait in columns 2, 3
+                        train_s += row[2]
+                        wait_s += row[3]
+                        train_steps += 1
                     if len(rows) < MAX_BATCH_STEPS:
                         continue
                 if rows:
@@ -789,6 +793,8 @@ class Probe:
                 chunks.append(encode_steps(self.pid, self.rank, rows))
             except Exception:
                 rows = []  # unencodable (not expected: rows hold numbers and strings)
+        if train_steps and self.step_stats is not None:
+            self.step_stats.add(train_s, wait_s, train_steps)
         if not chunks:
             return
         if self.client.send(b"".join(chunks)):

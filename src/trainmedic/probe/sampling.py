@@ -58,11 +58,12 @@ class StepStats:
         self._wait = 0.0
         self._steps = 0.0
 
-    def add(self, duration_s: float, data_wait_s: float) -> None:
+    def add(self, duration_s: float, data_wait_s: float, steps: int = 1) -> None:
+        """Add ``steps`` steps that took ``duration_s`` and waited ``data_wait_s`` in all."""
         keep = math.exp(-max(0.0, duration_s) / RECENT_S)
         self._duration = self._duration * keep + duration_s
         self._wait = self._wait * keep + data_wait_s
-        self._steps = self._steps * keep + 1.0
+        self._steps = self._steps * keep + steps
 
     @property
     def known(self) -> bool:

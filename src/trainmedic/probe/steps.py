@@ -209,11 +209,6 @@ class _Phase:
     steps_inside: int = 0
 
 
-class _NullListener:
-    def segment_started(self) -> object | None:
-        return None
-
-
 class StepTracker:
     """Turns hook events of one process into steps; call from the training thread only.
 
@@ -223,7 +218,7 @@ class StepTracker:
 
     Args:
         emit: receives each finished step.
-        listener: told when a segment's first compute begins (CUDA events).
+        listener: told when a segment's first compute begins (CUDA events), if any.
     """
 
     __slots__ = (
@@ -250,7 +245,7 @@ class StepTracker:
         self, emit: Callable[[StepDraft], None], listener: StepListener | None = None
     ) -> None:
         self.emit = emit
-        self.listener: StepListener = listener if listener is not None else _NullListener()
+        self.listener = listener
         self.mode: str | None = None
         self.steps_by_phase: dict[str, int] = {}
         self._seg = _Segment()
@@ -336,7 +331,8 @@ class StepTracker:
             seg.t_start = now
         if not seg.marker_taken:
             seg.marker_taken = True
-            seg.start_marker = self.listener.segment_started()
+            if self.listener is not None:
+                seg.start_marker = self.listener.segment_started()
         regions = self._regions
         if kind == "optimizer" and "optimizer" in regions:
             # A previous optimizer step raised before its post hook: close it.
@@ -377,7 +373,8 @@ class StepTracker:
             seg.t_start = now
         if not seg.marker_taken:
             seg.marker_taken = True
-            seg.start_marker = self.listener.segment_started()
+            if self.listener is not None:
+                seg.start_marker = self.listener.segment_started()
         if not regions:
             self._region_t0 = now
             self.work += 1
@@ -457,7 +454,8 @@ class StepTracker:
             seg.t_start = now
         if not seg.marker_taken:
             seg.marker_taken = True
-            seg.start_marker = self.listener.segment_started()
+            if self.listener is not None:
+                seg.start_marker = self.listener.segment_started()
         if not regions:
             self._region_t0 = now
             self.work += 1
@@ -500,7 +498,8 @@ class StepTracker:
             seg.t_start = now
         if not seg.marker_taken:
             seg.marker_taken = True
-            seg.start_marker = self.listener.segment_started()
+            if self.listener is not None:
+                seg.start_marker = self.listener.segment_started()
         regions = self._regions
         if not regions:
             self._region_t0 = now

@@ -29,7 +29,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.probe import forward
-from trainmedic.probe.hookutil import batch_size, compiling_reader
+from trainmedic.probe.hookutil import batch_size
 
 if TYPE_CHECKING:
     from trainmedic.probe.runtime import Probe
@@ -116,11 +116,12 @@ def _install_backward(torch: Any, probe: Probe) -> None:
     tracker = probe._ensure_tracker()
     clock = probe.clock
     state = probe.state
-    is_compiling = compiling_reader(torch)
 
+    # No ``torch.compile`` test here: dynamo breaks its graph at ``backward()`` and
+    # runs it eagerly, so this wrapper never runs while compiling.
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if not part.on or _get_ident() != state.training_ident or is_compiling():
+        if not part.on or _get_ident() != state.training_ident:
             return original(*args, **kwargs)
         try:
             if part.fault:
