@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -134,3 +134,71 @@ def test_step_rows_carry_the_gpu_view_of_the_data_wait() -> None:
     assert row["t"] == 1.5 + probe.wall_offset
     with_loader = probe._step_row(draft(loader_fetches=1, data_wait_s=0.2), Timing(), None)
     assert dict(zip(STEP_COLUMNS, with_loader, strict=True))["data_wait_s"] == 0.2
+
+
+class FakeEvent:
+    """A CUDA event on a fake GPU clock: recorded at the current fake time, done at once."""
+
+    clock: ClassVar[list[float]] = [0.0]
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t: float | None = None
+
+    def record(self) -> None:
+        self.t = FakeEvent.clock[0]
+
+    def query(self) -> bool:
+        return self.t is not None
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.t is not None and end.t is not None
+        return (end.t - self.t) * 1000.0
+
+
+class FakeCuda:
+    Event = FakeEvent
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def is_current_stream_capturing() -> bool:
+        return False
+
+    @staticmethod
+    def memory_stats() -> dict[str, int]:
+        return {"allocated_bytes.all.peak": 10, "reserved_bytes.all.peak": 20}
+
+
+class FakeTorch:
+    cuda = FakeCuda
+
+
+def test_cuda_timings_reach_the_step_rows_through_the_tracker_listener() -> None:
+    from trainmedic.probe.cuda import CudaSteps
+
+    probe, tracker, _ = make_probe()
+    probe.forward = None
+    probe.cuda = CudaSteps(FakeTorch(), probe.parts["cuda"], probe._finish_step, lambda: None)
+    tracker.listener = probe.cuda
+    tracker.emit = probe._on_draft
+    for i in range(3):
+        t = 10.0 * i
+        FakeEvent.clock[0] = t + 0.02  # the GPU starts the step's work after 20 ms of prep
+        tracker.forward_enter(t + 0.04, 8, True, None)  # the host prepared for 40 ms
+        tracker.forward_exit(t + 0.05, True)
+        tracker.backward_enter(t + 0.05)
+        tracker.backward_exit(t + 0.06)
+        tracker.optimizer_enter(t + 0.06)
+        FakeEvent.clock[0] = t + 0.09
+        tracker.optimizer_exit(t + 0.07, "sgd")
+    errors = [m for m in probe.outbox if not isinstance(m, tuple)]
+    assert errors == []
+    rows = [dict(zip(STEP_COLUMNS, probe._step_row(*m), strict=True)) for m in probe.outbox]  # type: ignore[misc]
+    assert len(rows) == 3
+    assert all(r["gpu_time_s"] == pytest.approx(0.07) for r in rows)
+    assert rows[0]["alloc_peak_bytes"] == 10
+    # After the first step, the GPU sat idle from the last step's end event to this step's
+    # start: less than the host's preparation outside compute.
+    assert rows[1]["data_wait_s"] == pytest.approx(9.93)

@@ -554,6 +554,10 @@ class Probe:
             self.role = "worker"
             self.state.training_ident = None
             self.state.worker_ident = threading.get_ident()
+            if self.forward is not None:
+                # A worker times no forward calls: its transforms' module calls
+                # (torchvision v2 transforms are modules) pass no wrapper at all.
+                self.forward.uninstall()
             self._hello_due = True
             self._ensure_agent()
             self._start_sampler()
