@@ -158,7 +158,11 @@ def test_a_model_of_a_new_class_is_found_after_a_step_without_forward_calls(
         loss_fn(other(torch.randn(2, 4)), torch.zeros(2, 3)).backward()
         opt.step()
 
+    p._watch_forward(0.0)  # what the probe's thread does every 0.25 s
     step()  # neither OtherNet2 nor MSELoss is watched: the step ends with no forward seen
+    p._watch_forward(0.25)
+    assert watch.requested
+    step()
     assert watch.discovering
     for _ in range(forward.DISCOVERY_STEPS):
         step()
@@ -179,6 +183,8 @@ def test_a_subclass_of_a_watched_class_needs_no_wrapper_of_its_own(
     assert watch is not None
     clock.t += forward.REDISCOVER_S
     sub = OtherNet()
+    train_step(sub, clock)
+    p._watch_forward(0.0)  # the probe's thread: a routine discovery is due
     for _ in range(forward.DISCOVERY_STEPS + 1):
         train_step(sub, clock)
     assert watch.discoveries == 2  # the routine one

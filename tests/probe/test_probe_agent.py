@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 
@@ -10,12 +10,17 @@ from trainmedic.channel.wire import STEP_COLUMNS, StepBatch, decode_line
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.runtime import IDLE_STEPS_S, Probe
 from trainmedic.probe.sampling import StepStats
-from trainmedic.probe.steps import StepDraft, StepTracker
+from trainmedic.probe.steps import StepDraft, StepTracker, _Segment
 
 
 class Watch:
+    """The forward watch as the probe's thread sees it."""
+
     def __init__(self) -> None:
         self.requests = 0
+        self.discovering = False
+        self.requested = False
+        self.next_routine = float("inf")
 
     def request(self) -> None:
         self.requests += 1
@@ -42,27 +47,52 @@ def train_step(tracker: StepTracker, t: float) -> None:
 def test_steps_stopping_while_work_goes_on_asks_once_for_a_discovery() -> None:
     probe, tracker, watch = make_probe()
     train_step(tracker, 0.0)
-    probe._watch_idle(10.0)
+    probe._watch_forward(10.0)
     tracker.loader_enter(1.0)  # an evaluation: batches, no steps
     tracker.loader_exit(1.1, 8, True)
-    probe._watch_idle(10.0 + IDLE_STEPS_S / 2)
+    probe._watch_forward(10.0 + IDLE_STEPS_S / 2)
     assert watch.requests == 0  # not yet
-    probe._watch_idle(10.0 + IDLE_STEPS_S)
-    probe._watch_idle(10.0 + 2 * IDLE_STEPS_S)
+    probe._watch_forward(10.0 + IDLE_STEPS_S)
+    probe._watch_forward(10.0 + 2 * IDLE_STEPS_S)
     assert watch.requests == 1  # once per idle period
     train_step(tracker, 2.0)
-    probe._watch_idle(20.0)
+    probe._watch_forward(20.0)
     tracker.loader_enter(3.0)
     tracker.loader_exit(3.1, 8, True)
-    probe._watch_idle(20.0 + IDLE_STEPS_S)
+    probe._watch_forward(20.0 + IDLE_STEPS_S)
     assert watch.requests == 2
+
+
+def test_steps_without_forward_calls_ask_for_a_discovery() -> None:
+    probe, tracker, watch = make_probe()
+    train_step(tracker, 0.0)
+    probe._watch_forward(10.0)
+    assert watch.requests == 0
+    tracker.backward_enter(1.0)  # a model whose class the watch does not know
+    tracker.backward_exit(1.1)
+    tracker.optimizer_enter(1.1)
+    tracker.optimizer_exit(1.2, "sgd")
+    probe._watch_forward(10.25)
+    assert watch.requests == 1
+
+
+def test_a_routine_discovery_is_asked_for_when_due() -> None:
+    probe, tracker, watch = make_probe()
+    watch.next_routine = probe.clock() + 3600.0
+    train_step(tracker, 0.0)
+    probe._watch_forward(10.0)
+    assert watch.requests == 0
+    watch.next_routine = probe.clock()
+    train_step(tracker, 1.0)
+    probe._watch_forward(10.25)
+    assert watch.requests == 1
 
 
 def test_a_job_doing_nothing_is_not_a_reason_to_look() -> None:
     probe, tracker, watch = make_probe()
     train_step(tracker, 0.0)
-    probe._watch_idle(10.0)
-    probe._watch_idle(10.0 + 10 * IDLE_STEPS_S)  # a hang or a sleep: no work either
+    probe._watch_forward(10.0)
+    probe._watch_forward(10.0 + 10 * IDLE_STEPS_S)  # a hang or a sleep: no work either
     assert watch.requests == 0
 
 
@@ -72,12 +102,12 @@ def test_long_steps_are_not_idle_periods() -> None:
     for _ in range(20):
         probe.step_stats.add(5.0, 0.0)  # 5 s steps
     train_step(tracker, 0.0)
-    probe._watch_idle(10.0)
+    probe._watch_forward(10.0)
     tracker.loader_enter(1.0)
     tracker.loader_exit(1.1, 8, True)
-    probe._watch_idle(10.0 + IDLE_STEPS_S * 2)
+    probe._watch_forward(10.0 + IDLE_STEPS_S * 2)
     assert watch.requests == 0  # within three usual steps
-    probe._watch_idle(10.0 + 15.0)
+    probe._watch_forward(10.0 + 15.0)
     assert watch.requests == 1
 
 
@@ -111,14 +141,24 @@ def test_a_flush_sends_steps_as_rows_and_feeds_the_recent_statistics() -> None:
     assert stats.step_s == pytest.approx(0.5)
 
 
-def draft(**changes: Any) -> StepDraft:
-    values: dict[str, Any] = dict(
-        step=1, phase="train", source="optimizer", t_start=1.0, t_end=1.5, duration_s=0.5,
-        loader_wait_s=0.0, loader_fetches=0, outside_s=0.2, data_wait_s=0.2, compute_s=0.3,
-        samples=8, autocast=None,
-    )  # fmt: skip
-    values.update(changes)
-    return StepDraft(**values)
+def draft(
+    step: int = 1,
+    phase: str = "train",
+    duration_s: float = 0.5,
+    data_wait_s: float = 0.2,
+    fetches: int = 0,
+) -> StepDraft:
+    """A step of ``duration_s`` ending at 1.5: ``data_wait_s`` in a loader when it
+    fetched, else outside compute; compute the rest."""
+    seg = _Segment.of(
+        1.5 - duration_s,
+        loader_wait=data_wait_s if fetches else 0.0,
+        fetches=fetches,
+        compute=duration_s - data_wait_s,
+        compute_seen=True,
+        forward_samples=8,
+    )
+    return StepDraft(step, phase, "optimizer", 1.5, seg)
 
 
 class Timing:
@@ -132,7 +172,7 @@ def test_step_rows_carry_the_gpu_view_of_the_data_wait() -> None:
     # No DataLoader: the GPU's idle gap, not the host time spent in a sync.
     assert row["data_wait_s"] == 0.05 and row["gpu_time_s"] == 0.25
     assert row["t"] == 1.5 + probe.wall_offset
-    with_loader = probe._step_row(draft(loader_fetches=1, data_wait_s=0.2), Timing(), None)
+    with_loader = probe._step_row(draft(fetches=1, data_wait_s=0.2), Timing(), None)
     assert dict(zip(STEP_COLUMNS, with_loader, strict=True))["data_wait_s"] == 0.2
 
 

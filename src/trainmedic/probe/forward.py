@@ -27,10 +27,11 @@ wrapper, then keeps the same wrapper on those classes only:
    through the probe again - except nested instances of a root's own class
    (a ``Sequential`` of ``Sequential`` blocks), which return at once.
 3. Discovery runs again, at a step end or a DataLoader fetch (never inside a
-   module call), when a step ended without any forward call seen (a model of
-   another class took over), when the probe's thread asks (no step for a
-   while: an evaluation loop, perhaps of another model), and every
-   :data:`REDISCOVER_S`; at most once per :data:`MIN_GAP_S` for the first two.
+   module call), when the probe's thread asks for it: steps ended with no
+   forward call seen (a model of another class took over), train steps
+   stopped while the job keeps working (an evaluation loop, perhaps of another
+   model), or :data:`REDISCOVER_S` passed; at most once per :data:`MIN_GAP_S`.
+   The training thread itself only tests two flags per step.
 
 A class wrapper calls the class's own ``__call__`` when it has one (its own or
 inherited from a class between it and ``nn.Module``), else whatever
@@ -59,8 +60,7 @@ DISCOVERY_CALLS = 64
 REDISCOVER_S = 30.0
 """Seconds between two routine discoveries (a model that only appears now and then)."""
 MIN_GAP_S = 2.0
-"""Seconds after a discovery before a step without forward calls, or the probe's
-thread, may start another."""
+"""Seconds after a discovery before another may begin."""
 
 _get_ident = threading.get_ident
 
@@ -90,8 +90,8 @@ class ForwardWatch:
         self._steps = 0
         self._forwards_at_begin = 0
         self._ended_at = float("-inf")
-        self._next_routine = float("inf")
-        self._forwards_at_close = 0
+        self.next_routine = float("inf")
+        """When the next routine discovery is due (probe clock)."""
         self._generic = self._wrapper(self._base, record=True)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -133,7 +133,7 @@ class ForwardWatch:
             return
         self.discovering = False
         self._ended_at = now
-        self._next_routine = now + REDISCOVER_S
+        self.next_routine = now + REDISCOVER_S
         # Parents first: a subclass of a patched class is already covered.
         for cls in sorted(self.seen - self.patched.keys(), key=lambda c: len(c.__mro__)):
             if not any(issubclass(cls, done) for done in self.patched):
@@ -148,18 +148,14 @@ class ForwardWatch:
     # --- safe points (training thread, outside module calls) -------------------------------
 
     def step_closed(self, now: float) -> None:
-        """A step ended: count it, or decide whether to discover again."""
-        forwards = self._tracker.forwards
+        """A step ended while discovering or with a discovery asked for (the probe
+        calls this only then): count the step, or begin."""
         if self.discovering:
             self._steps += 1
             if self._steps >= DISCOVERY_STEPS:
                 self.end(now)
-        elif now >= self._next_routine or (
-            (self.requested or forwards == self._forwards_at_close)
-            and now - self._ended_at >= MIN_GAP_S
-        ):
+        elif self.requested and now - self._ended_at >= MIN_GAP_S:
             self.begin(now)
-        self._forwards_at_close = forwards
 
     def fetched(self, now: float) -> None:
         """A DataLoader batch is about to be fetched: act on a pending request, or end
@@ -216,7 +212,7 @@ class ForwardWatch:
         fixed = original
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            call = fixed if fixed is not None else module_cls.__call__
+            call = fixed or module_cls.__call__
             # ``is_compiling()`` before the thread test: dynamo folds it to a constant
             # when it traces a compiled function calling the model, where the thread
             # test or the clock would break its graph. Before dynamo is loaded nothing
@@ -224,8 +220,8 @@ class ForwardWatch:
             if (
                 state.depth
                 or ("torch._dynamo" in modules and is_compiling())
-                or not part.on
                 or _get_ident() != state.training_ident
+                or not part.on
             ):
                 return call(self, *args, **kwargs)
             try:
@@ -235,7 +231,11 @@ class ForwardWatch:
                     seen.add(type(self))
                 grad = is_grad_enabled()
                 if tracker.wants_batch:
-                    samples = batch_size(args, tensor) if args else batch_size(kwargs, tensor)
+                    if args and isinstance(args[0], tensor):  # ``model(x)``, without a call
+                        shape = args[0].shape
+                        samples = shape[0] if shape else None
+                    else:
+                        samples = batch_size(args, tensor) if args else batch_size(kwargs, tensor)
                     on = autocast_cuda() or autocast_cpu()
                     tracker.forward_enter(clock(), samples, grad, None if on is None else bool(on))
                 else:
@@ -250,10 +250,9 @@ class ForwardWatch:
             finally:
                 state.depth = 0
                 try:
-                    now = clock()
-                    tracker.forward_exit(now, grad)
+                    tracker.forward_exit(clock(), grad)
                     if record and tracker.forwards - watch._forwards_at_begin >= DISCOVERY_CALLS:
-                        watch.end(now)
+                        watch.end(clock())
                 except Exception as exc:
                     part.fail(exc)
 

@@ -8,15 +8,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 _MAX_DEPTH = 4
+_SEQUENCES = (tuple, list)
 
 
 def batch_size(value: Any, tensor_type: type, depth: int = 0) -> int | None:
     """First dimension of the first tensor found in ``value`` (tuples, lists, dicts)."""
-    if depth == 0 and type(value) in (tuple, list) and value:
+    if type(value) in _SEQUENCES and value and depth == 0:
         first = value[0]  # the common case, ``(x, y)``, without a recursive call
         if isinstance(first, tensor_type):
             shape = first.shape  # type: ignore[attr-defined]
-            return int(shape[0]) if len(shape) > 0 else None
+            return int(shape[0]) if shape else None
     if isinstance(value, tensor_type):
         shape = value.shape  # type: ignore[attr-defined]
         return int(shape[0]) if len(shape) > 0 else None

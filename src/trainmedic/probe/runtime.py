@@ -60,8 +60,8 @@ MAX_OUTBOX = 100_000
 MAX_BATCH_STEPS = 2_000
 """Steps per ``steps`` line at most."""
 IDLE_STEPS_S = 2.0
-"""Seconds without a train step (and at least 3 usual steps) after which the
-probe's thread asks the forward watch to look for new root modules."""
+"""Seconds without a step (and at least 3 usual steps), the job working, after
+which the probe's thread asks the forward watch to look for new root modules."""
 HEARTBEAT_FRAMES = 6
 EXIT_JOIN_S = 2.0
 
@@ -160,8 +160,8 @@ class Probe:
         self._hello_due = True
         self._connected = False
         self._finished = False
-        # (train steps, work, since when, discovery asked) as the agent last saw them.
-        self._idle_mark: tuple[int, int, float, bool] = (0, 0, 0.0, False)
+        # (steps, forward calls, work, since when, discovery asked) as the agent last saw them.
+        self._forward_mark: tuple[int, int, int, float, bool] = (0, 0, 0, 0.0, False)
         # Set by the stack signal's handler, read by the agent (no lock: see forensics).
         self.dump_requested = False
         self.stack_dumps: StackDumps | None = None
@@ -418,7 +418,7 @@ class Probe:
     def _on_draft(self, draft: StepDraft) -> None:
         # Once per step on the training thread: kept to a few lines, no I/O.
         watch = self.forward
-        if watch is not None:
+        if watch is not None and (watch.discovering or watch.requested):
             try:
                 watch.step_closed(draft.t_end)
             except Exception as exc:
@@ -678,7 +678,7 @@ class Probe:
                 self._flush()
                 if stopping or self.failed:
                     return
-                self._watch_idle(now)
+                self._watch_forward(now)
                 stop.wait(FLUSH_S)
         except Exception:
             # The channel code itself failed (an interpreter shutting down, say):
@@ -686,23 +686,27 @@ class Probe:
             self.failed = True
             self.outbox.clear()
 
-    def _watch_idle(self, now: float) -> None:
-        """Ask the forward watch to look for new root modules when train steps stop
-        for a while but the job keeps working (an evaluation, maybe of another model)."""
+    def _watch_forward(self, now: float) -> None:
+        """Ask the forward watch to look for new root modules (it acts at the training
+        thread's next step end or fetch): when steps ended with no forward call seen
+        (a model of another class took over), when train steps stop for a while but
+        the job keeps working (an evaluation, maybe of another model), and routinely."""
         watch = self.forward
         tracker = self.tracker
-        if watch is None or tracker is None:
+        if watch is None or tracker is None or watch.discovering or watch.requested:
             return
-        mark = (tracker.train_steps, tracker.work)
-        if mark[0] != self._idle_mark[0]:
-            self._idle_mark = (mark[0], mark[1], now, False)
+        steps, forwards, work = sum(tracker.steps_by_phase.values()), tracker.forwards, tracker.work
+        last_steps, last_forwards, last_work, since, asked = self._forward_mark
+        if steps != last_steps:
+            self._forward_mark = (steps, forwards, work, now, False)
+            if forwards == last_forwards or self.clock() >= watch.next_routine:
+                watch.request()
             return
-        _, work, since, asked = self._idle_mark
         stats = self.step_stats
         usual = 3.0 * stats.step_s if stats is not None else 0.0
-        if not asked and mark[1] != work and now - since >= max(IDLE_STEPS_S, usual):
+        if not asked and work != last_work and now - since >= max(IDLE_STEPS_S, usual):
             watch.request()
-            self._idle_mark = (mark[0], mark[1], since, True)
+            self._forward_mark = (steps, last_forwards, last_work, since, True)
 
     def _heartbeat(self) -> None:
         part = self.parts["heartbeat"]

@@ -38,7 +38,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 TRAIN = "train"
 EVAL = "eval"
@@ -66,11 +66,13 @@ class StepListener(Protocol):
         ...
 
 
-@dataclass(slots=True)
 class StepDraft:
     """A finished step as the host saw it; the probe turns it into a ``StepRecord``.
 
-    Times are on the tracker's monotonic clock, in seconds.
+    Made on the training thread at every step's end, so it keeps the step's raw
+    accumulators and works its times out only when they are read (by the
+    probe's thread, when it builds the record). Times are on the tracker's
+    monotonic clock, in seconds.
 
     Attributes:
         loader_wait_s: time blocked in DataLoader ``__next__``.
@@ -78,23 +80,92 @@ class StepDraft:
         outside_s: host time in neither compute nor a loader wait.
         data_wait_s: the step's data wait as the host measured it (see module doc).
         compute_s: ``None`` when no forward, backward or optimizer step was seen.
+        samples: the step's batch size, when known.
+        autocast: whether autocast was on in the step's first forward call.
         start_marker: what the listener returned when the step's first compute began.
     """
 
-    step: int
-    phase: str
-    source: str
-    t_start: float
-    t_end: float
-    duration_s: float
-    loader_wait_s: float
-    loader_fetches: int
-    outside_s: float
-    data_wait_s: float
-    compute_s: float | None
-    samples: int | None
-    autocast: bool | None
-    start_marker: object | None = None
+    __slots__ = ("_seg", "_values", "phase", "source", "step", "t_end")
+
+    def __init__(self, step: int, phase: str, source: str, t_end: float, seg: _Segment) -> None:
+        self.step = step
+        self.phase = phase
+        self.source = source
+        self.t_end = t_end
+        self._seg = seg
+        self._values: tuple[float, float, float, float, float | None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"StepDraft(step={self.step}, phase={self.phase!r}, source={self.source!r}, "
+            f"duration_s={self.duration_s!r}, data_wait_s={self.data_wait_s!r}, "
+            f"compute_s={self.compute_s!r}, samples={self.samples!r})"
+        )
+
+    def _times(self) -> tuple[float, float, float, float, float | None]:
+        """(t_start, duration, outside, data wait, compute), worked out once."""
+        values = self._values
+        if values is None:
+            seg = self._seg
+            t_end = self.t_end
+            t_start = seg.t_start if seg.t_start is not None else t_end
+            duration = max(0.0, t_end - t_start - seg.excluded)
+            compute = max(0.0, seg.compute) if seg.compute_seen else None
+            outside = max(0.0, duration - (compute or 0.0) - seg.loader_wait)
+            if seg.fetches or seg.loader_wait > 0:
+                data_wait = seg.loader_wait
+            elif compute is not None:
+                data_wait = outside
+            else:
+                data_wait = 0.0  # no compute seen (explicit API without torch): unknown
+            values = (t_start, duration, outside, min(data_wait, duration), compute)
+            self._values = values
+        return values
+
+    @property
+    def t_start(self) -> float:
+        return self._times()[0]
+
+    @property
+    def duration_s(self) -> float:
+        return self._times()[1]
+
+    @property
+    def outside_s(self) -> float:
+        return self._times()[2]
+
+    @property
+    def data_wait_s(self) -> float:
+        return self._times()[3]
+
+    @property
+    def compute_s(self) -> float | None:
+        return self._times()[4]
+
+    @property
+    def loader_wait_s(self) -> float:
+        return self._seg.loader_wait
+
+    @property
+    def loader_fetches(self) -> int:
+        return self._seg.fetches
+
+    @property
+    def samples(self) -> int | None:
+        seg = self._seg
+        if seg.fetches and seg.loader_samples is not None:
+            return seg.loader_samples
+        if seg.forward_samples is not None:
+            return seg.forward_samples
+        return seg.optimizer_forward_samples
+
+    @property
+    def autocast(self) -> bool | None:
+        return self._seg.autocast
+
+    @property
+    def start_marker(self) -> object | None:
+        return self._seg.start_marker
 
 
 @dataclass(slots=True)
@@ -112,56 +183,36 @@ class _Mark:
 class _Segment:
     """Accumulators from one boundary to the next (or to a held backward end).
 
-    A plain class with slots: one is made per step, on the training thread."""
+    One is made per step, on the training thread: the defaults are class
+    attributes, so making one stores a single attribute.
+    """
 
-    __slots__ = (
-        "autocast",
-        "compute",
-        "compute_seen",
-        "excluded",
-        "fetches",
-        "forward_samples",
-        "loader_samples",
-        "loader_wait",
-        "mark",
-        "marker_taken",
-        "nograd_forwards",
-        "optimizer_forward_samples",
-        "start_marker",
-        "t_start",
-    )
+    t_start: float | None = None
+    excluded: float = 0.0
+    loader_wait: float = 0.0
+    fetches: int = 0
+    loader_samples: int | None = None
+    compute: float = 0.0
+    compute_seen: bool = False
+    """Whether a compute region began in the segment (the CUDA marker was taken then)."""
+    forward_samples: int | None = None
+    optimizer_forward_samples: int | None = None
+    autocast: bool | None = None
+    nograd_forwards: int = 0
+    mark: _Mark | None = None
+    start_marker: object | None = None
 
-    def __init__(
-        self,
-        t_start: float | None = None,
-        excluded: float = 0.0,
-        loader_wait: float = 0.0,
-        fetches: int = 0,
-        loader_samples: int | None = None,
-        compute: float = 0.0,
-        compute_seen: bool = False,
-        forward_samples: int | None = None,
-        optimizer_forward_samples: int | None = None,
-        autocast: bool | None = None,
-        nograd_forwards: int = 0,
-        mark: _Mark | None = None,
-        start_marker: object | None = None,
-        marker_taken: bool = False,
-    ) -> None:
-        self.t_start = t_start
-        self.excluded = excluded
-        self.loader_wait = loader_wait
-        self.fetches = fetches
-        self.loader_samples = loader_samples
-        self.compute = compute
-        self.compute_seen = compute_seen
-        self.forward_samples = forward_samples
-        self.optimizer_forward_samples = optimizer_forward_samples
-        self.autocast = autocast
-        self.nograd_forwards = nograd_forwards
-        self.mark = mark
-        self.start_marker = start_marker
-        self.marker_taken = marker_taken
+    def __init__(self, t_start: float | None = None) -> None:
+        if t_start is not None:
+            self.t_start = t_start
+
+    @classmethod
+    def of(cls, t_start: float | None = None, **values: Any) -> _Segment:
+        """A segment with the accumulators in ``values`` set (splits, tests)."""
+        seg = cls(t_start)
+        for name, value in values.items():
+            setattr(seg, name, value)
+        return seg
 
     def begin(self, t: float) -> None:
         if self.t_start is None:
@@ -197,7 +248,6 @@ def _merge(segments: list[_Segment]) -> _Segment:
         out.nograd_forwards += s.nograd_forwards
         if out.start_marker is None:
             out.start_marker = s.start_marker
-        out.marker_taken = out.marker_taken or s.marker_taken
     return out
 
 
@@ -326,22 +376,25 @@ class StepTracker:
 
     def compute_enter(self, now: float, kind: str) -> None:
         """Entering an outermost forward (``forward``), a backward call or an optimizer step."""
-        seg = self._seg
-        if seg.t_start is None:
-            seg.t_start = now
-        if not seg.marker_taken:
-            seg.marker_taken = True
-            if self.listener is not None:
-                seg.start_marker = self.listener.segment_started()
         regions = self._regions
         if kind == "optimizer" and "optimizer" in regions:
             # A previous optimizer step raised before its post hook: close it.
             self._abandon_region("optimizer", now)
         if not regions:
-            self._region_t0 = now
-            self.work += 1
+            self._outermost(now)
         regions.append(kind)
-        seg.compute_seen = True
+
+    def _outermost(self, now: float) -> None:
+        """An outermost compute region begins (the hot paths inline this)."""
+        self._region_t0 = now
+        self.work += 1
+        seg = self._seg
+        if not seg.compute_seen:
+            seg.compute_seen = True
+            if seg.t_start is None:
+                seg.t_start = now
+            if self.listener is not None:
+                seg.start_marker = self.listener.segment_started()
 
     def compute_exit(self, now: float, kind: str) -> None:
         regions = self._regions
@@ -364,31 +417,32 @@ class StepTracker:
         self, now: float, samples: int | None, grad_enabled: bool, autocast: bool | None
     ) -> None:
         """An outermost module call begins (``samples``: its batch size, when found)."""
-        regions = self._regions
-        inside_optimizer = "optimizer" in regions
         self.forwards += 1
+        regions = self._regions
         seg = self._seg
-        # compute_enter, inline: this runs for every outermost call.
-        if seg.t_start is None:
-            seg.t_start = now
-        if not seg.marker_taken:
-            seg.marker_taken = True
-            if self.listener is not None:
-                seg.start_marker = self.listener.segment_started()
-        if not regions:
-            self._region_t0 = now
+        if regions:
+            inside_optimizer = "optimizer" in regions
+        else:
+            inside_optimizer = False
+            self._region_t0 = now  # _outermost, inline: this runs for every outermost call
             self.work += 1
+            if not seg.compute_seen:
+                seg.compute_seen = True
+                if seg.t_start is None:
+                    seg.t_start = now
+                if self.listener is not None:
+                    seg.start_marker = self.listener.segment_started()
         regions.append("forward")
-        seg.compute_seen = True
-        if inside_optimizer:
-            if seg.optimizer_forward_samples is None:
-                seg.optimizer_forward_samples = samples
+        if self.wants_batch:
+            if inside_optimizer:
+                if seg.optimizer_forward_samples is None:
+                    seg.optimizer_forward_samples = samples
+                    self.wants_batch = samples is None
+            elif seg.forward_samples is None:
+                seg.forward_samples = samples
                 self.wants_batch = samples is None
-        elif seg.forward_samples is None:
-            seg.forward_samples = samples
-            self.wants_batch = samples is None
-        if autocast is not None:
-            seg.autocast = bool(seg.autocast) or autocast
+            if autocast is not None:
+                seg.autocast = bool(seg.autocast) or autocast
         if not grad_enabled and not inside_optimizer:
             seg.nograd_forwards += 1
 
@@ -397,13 +451,19 @@ class StepTracker:
         if regions and regions[-1] == "forward":
             regions.pop()
             if not regions:
-                self._seg.compute += max(0.0, now - self._region_t0)
+                seg = self._seg
+                if now > self._region_t0:
+                    seg.compute += now - self._region_t0
                 self.outside_since = now
+                if not grad_enabled and seg.t_start is not None:
+                    seg.mark = _Mark(
+                        now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
+                        seg.compute_seen,
+                    )  # fmt: skip
         else:
             self.compute_exit(now, "forward")
-        if not grad_enabled and not regions:
             seg = self._seg
-            if seg.t_start is not None:
+            if not regions and not grad_enabled and seg.t_start is not None:
                 seg.mark = _Mark(
                     now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
                     seg.compute_seen,
@@ -445,23 +505,24 @@ class StepTracker:
 
     def optimizer_enter(self, now: float) -> None:
         regions = self._regions
-        if "optimizer" in regions:
-            # A previous optimizer step raised before its post hook: close it.
-            self._abandon_region("optimizer", now)
-        seg = self._seg
-        # compute_enter, inline: this runs at every step.
-        if seg.t_start is None:
-            seg.t_start = now
-        if not seg.marker_taken:
-            seg.marker_taken = True
-            if self.listener is not None:
-                seg.start_marker = self.listener.segment_started()
-        if not regions:
-            self._region_t0 = now
+        if regions:
+            if "optimizer" in regions:
+                # A previous optimizer step raised before its post hook: close it.
+                self._abandon_region("optimizer", now)
+            if not regions:
+                self._outermost(now)
+        else:
+            self._region_t0 = now  # _outermost, inline: this runs at every step
             self.work += 1
+            seg = self._seg
+            if not seg.compute_seen:
+                seg.compute_seen = True
+                if seg.t_start is None:
+                    seg.t_start = now
+                if self.listener is not None:
+                    seg.start_marker = self.listener.segment_started()
         regions.append("optimizer")
-        seg.compute_seen = True
-        self.wants_batch = seg.optimizer_forward_samples is None
+        self.wants_batch = self._seg.optimizer_forward_samples is None
 
     def optimizer_exit(self, now: float, optimizer: object) -> None:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
@@ -469,12 +530,15 @@ class StepTracker:
         if regions and regions[-1] == "optimizer":
             regions.pop()  # compute_exit's common case, inline
             if not regions:
-                self._seg.compute += max(0.0, now - self._region_t0)
+                if now > self._region_t0:
+                    self._seg.compute += now - self._region_t0
                 self.outside_since = now
+            elif "optimizer" in regions:
+                return
         else:
             self.compute_exit(now, "optimizer")
-        if "optimizer" in regions:
-            return
+            if "optimizer" in regions:
+                return
         self.wants_batch = self._seg.forward_samples is None
         if self.mode == "api":
             return
@@ -492,32 +556,34 @@ class StepTracker:
         self._close(now, "optimizer")
 
     def backward_enter(self, now: float) -> None:
-        seg = self._seg
-        # compute_enter, inline: this runs at every step.
-        if seg.t_start is None:
-            seg.t_start = now
-        if not seg.marker_taken:
-            seg.marker_taken = True
-            if self.listener is not None:
-                seg.start_marker = self.listener.segment_started()
         regions = self._regions
         if not regions:
-            self._region_t0 = now
+            self._region_t0 = now  # _outermost, inline: this runs at every step
             self.work += 1
+            seg = self._seg
+            if not seg.compute_seen:
+                seg.compute_seen = True
+                if seg.t_start is None:
+                    seg.t_start = now
+                if self.listener is not None:
+                    seg.start_marker = self.listener.segment_started()
         regions.append("backward")
-        seg.compute_seen = True
 
     def backward_exit(self, now: float) -> None:
         regions = self._regions
         if regions and regions[-1] == "backward":
             regions.pop()  # compute_exit's common case, inline
-            if not regions:
-                self._seg.compute += max(0.0, now - self._region_t0)
-                self.outside_since = now
+            if regions:
+                return
+            if now > self._region_t0:
+                self._seg.compute += now - self._region_t0
+            self.outside_since = now
         else:
             self.compute_exit(now, "backward")
+            if regions:
+                return
         mode = self.mode
-        if regions or mode == "optimizer" or mode == "api":
+        if mode == "optimizer" or mode == "api":
             return
         if mode == "backward":
             self._close(now, "backward")
@@ -588,7 +654,7 @@ class StepTracker:
     @staticmethod
     def _split(seg: _Segment, mark: _Mark) -> tuple[_Segment, _Segment]:
         """(evaluation part up to ``mark``, train part after it)."""
-        before = _Segment(
+        before = _Segment.of(
             t_start=seg.t_start,
             loader_wait=mark.loader_wait,
             fetches=mark.fetches,
@@ -597,9 +663,8 @@ class StepTracker:
             compute_seen=mark.compute_seen,
             nograd_forwards=seg.nograd_forwards,
             start_marker=seg.start_marker,
-            marker_taken=True,
         )
-        after = _Segment(
+        after = _Segment.of(
             t_start=mark.t,
             loader_wait=seg.loader_wait - mark.loader_wait,
             fetches=seg.fetches - mark.fetches,
@@ -613,59 +678,15 @@ class StepTracker:
             forward_samples=seg.forward_samples,
             optimizer_forward_samples=seg.optimizer_forward_samples,
             autocast=seg.autocast,
-            marker_taken=True,
         )
         return before, after
 
     def _finish(self, seg: _Segment, t_end: float, source: str, phase: str) -> None:
-        t_start = seg.t_start if seg.t_start is not None else t_end
-        duration = t_end - t_start - seg.excluded
-        if duration < 0.0:
-            duration = 0.0
-        loader_wait = seg.loader_wait
-        if seg.compute_seen:
-            busy = seg.compute if seg.compute > 0.0 else 0.0
-            compute: float | None = busy
-            outside = duration - busy - loader_wait
-        else:
-            compute = None
-            outside = duration - loader_wait
-        if outside < 0.0:
-            outside = 0.0
-        fetches = seg.fetches
-        if fetches or loader_wait > 0:
-            data_wait = loader_wait
-        elif compute is not None:
-            data_wait = outside
-        else:
-            data_wait = 0.0  # no compute seen (explicit API without torch): unknown
-        if fetches and seg.loader_samples is not None:
-            samples: int | None = seg.loader_samples
-        elif seg.forward_samples is not None:
-            samples = seg.forward_samples
-        else:
-            samples = seg.optimizer_forward_samples
+        # ``seg`` is never changed again: the draft works its times out from it later.
         by_phase = self.steps_by_phase
         number = by_phase.get(phase, 0) + 1
         by_phase[phase] = number
-        self.emit(
-            StepDraft(  # positional, in field order: this runs once per step
-                number,
-                phase,
-                source,
-                t_start,
-                t_end,
-                duration,
-                loader_wait,
-                fetches,
-                outside,
-                data_wait if data_wait < duration else duration,
-                compute,
-                samples,
-                seg.autocast,
-                seg.start_marker,
-            )
-        )
+        self.emit(StepDraft(number, phase, source, t_end, seg))
 
     # --- phases ------------------------------------------------------------------------------
 

@@ -158,11 +158,12 @@ def _install_loader(torch: Any, probe: Probe) -> None:
     clock = probe.clock
     state = probe.state
     tensor = torch.Tensor
+    sequences = (tuple, list)
     seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     @functools.wraps(original_next)
     def __next__(self: Any) -> Any:
-        if not part.on or _get_ident() != state.training_ident:
+        if _get_ident() != state.training_ident or not part.on:
             return original_next(self)
         try:
             if part.fault:
@@ -180,18 +181,25 @@ def _install_loader(torch: Any, probe: Probe) -> None:
                 watch.fetched(now)  # a point outside module calls: see probe.forward
             except Exception as exc:
                 probe.parts["forward"].fail(exc)
-        batch: Any = None
-        fetched = False
         try:
             batch = original_next(self)
-            fetched = True
-            return batch
-        finally:
-            try:
-                samples = batch_size(batch, tensor) if fetched else None
-                tracker.loader_exit(clock(), samples, fetched)
+        except BaseException:
+            try:  # the epoch's end (StopIteration) or the job's error: no batch
+                tracker.loader_exit(clock(), None, False)
             except Exception as exc:
                 part.fail(exc)
+            raise
+        try:
+            # ``(x, y)`` batches without a call; anything else by batch_size().
+            if type(batch) in sequences and batch and isinstance(batch[0], tensor):
+                shape = batch[0].shape
+                samples = shape[0] if shape else None
+            else:
+                samples = batch_size(batch, tensor)
+            tracker.loader_exit(clock(), samples, True)
+        except Exception as exc:
+            part.fail(exc)
+        return batch
 
     @functools.wraps(original_iter)
     def __iter__(self: Any) -> Any:
