@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from trainmedic.probe.stacks import (
     STATES,
     ActivityAggregate,
     FrameInfo,
+    StackCache,
     callee_names,
     classify,
     frame_key,
@@ -249,3 +251,28 @@ def test_sampler_samples_only_what_targets_name_and_flushes_records(
     assert out[0].counts["file_read"] == 2
     assert out[0].pid == 7
     assert errors == []
+
+
+def test_a_stack_seen_before_is_classified_from_the_cache(
+    blocked_threads: dict[str, threading.Thread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainmedic.probe import stacks
+
+    reader = blocked_threads["reader"]
+    stack = _settled(reader, "reader")
+    reads: list[int] = []
+    real = stacks.read_frames
+
+    def counting(frame: Any, limit: int = stacks.MAX_FRAMES) -> list[FrameInfo]:
+        reads.append(1)
+        return real(frame, limit)
+
+    monkeypatch.setattr(stacks, "read_frames", counting)
+    cache = StackCache()
+    frame = sys._current_frames()[reader.ident or 0]
+    first = cache.classify(frame, "worker")
+    again = cache.classify(sys._current_frames()[reader.ident or 0], "worker")
+    assert first == again == ("file_read", frame_key(stack))
+    assert len(reads) == 1  # the second sample did not read the frames again
+    assert cache.classify(frame, "main")[0] == "file_read"  # another role: classified anew
+    assert len(reads) == 2

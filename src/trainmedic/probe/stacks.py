@@ -426,6 +426,18 @@ def read_frames(frame: FrameType | None, limit: int = MAX_FRAMES) -> list[FrameI
 # --- aggregates ------------------------------------------------------------------------------
 
 
+def stack_signature(frame: FrameType | None, limit: int = MAX_FRAMES) -> tuple[object, ...]:
+    """What identifies a live stack for classification: each frame's code and
+    instruction, innermost first (cheap to build, unlike :func:`read_frames`)."""
+    out: list[object] = []
+    f = frame
+    while f is not None and len(out) < 2 * limit:
+        out.append(f.f_code)
+        out.append(f.f_lasti)
+        f = f.f_back
+    return tuple(out)
+
+
 class ActivityAggregate:
     """Counts of states and frames since the last flush."""
 
@@ -435,10 +447,15 @@ class ActivityAggregate:
 
     def add(self, frames: Sequence[FrameInfo], role: str) -> str:
         state = classify(frames, role)
+        self.add_classified(state, frame_key(frames) if state != "idle" else "")
+        return state
+
+    def add_classified(self, state: str, key: str) -> None:
+        """Count one stack already classified as ``state`` (``key``: its frame key)."""
         self.counts[state] += 1
         if state != "idle":
-            self.frames[frame_key(frames)] += 1
-        return state
+            self.frames[key] += 1
+
 
     def take(self, t: float, pid: int) -> LoaderActivity | None:
         """The aggregate as a record (``None`` when empty), and start over."""
@@ -449,3 +466,28 @@ class ActivityAggregate:
         self.counts = Counter()
         self.frames = Counter()
         return LoaderActivity(t=t, pid=pid, counts=counts, top_frames=top)
+
+
+class StackCache:
+    """Classifications of stacks seen before, by :func:`stack_signature` and role.
+
+    A loading loop shows the same few stacks over and over; reading and
+    classifying one costs about 20 µs, finding it here about 2 µs.
+    """
+
+    def __init__(self, size: int = _CACHE_MAX) -> None:
+        self._size = size
+        self._known: dict[tuple[object, ...], tuple[str, str]] = {}
+
+    def classify(self, frame: FrameType, role: str) -> tuple[str, str]:
+        """(state, frame key) of the stack from ``frame`` outwards, for ``role``."""
+        signature = (role, *stack_signature(frame))
+        known = self._known.get(signature)
+        if known is None:
+            frames = read_frames(frame)
+            state = classify(frames, role)
+            known = (state, frame_key(frames) if state != "idle" else "")
+            if len(self._known) >= self._size:
+                self._known.clear()
+            self._known[signature] = known
+        return known
