@@ -10,7 +10,8 @@ from trainmedic.channel.wire import STEP_COLUMNS, StepBatch, decode_line
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.runtime import IDLE_STEPS_S, Probe
 from trainmedic.probe.sampling import StepStats
-from trainmedic.probe.steps import StepDraft, StepTracker, _Segment
+from trainmedic.probe.segments import Segment
+from trainmedic.probe.steps import StepDraft, StepTracker
 
 
 class Watch:
@@ -150,7 +151,7 @@ def draft(
 ) -> StepDraft:
     """A step of ``duration_s`` ending at 1.5: ``data_wait_s`` in a loader when it
     fetched, else outside compute; compute the rest."""
-    seg = _Segment.of(
+    seg = Segment.of(
         1.5 - duration_s,
         loader_wait=data_wait_s if fetches else 0.0,
         fetches=fetches,

@@ -38,7 +38,11 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+# StepDraft is the tracker's output: importable from here, as it always was.
+from trainmedic.probe.segments import Mark, Segment, merge
+from trainmedic.probe.segments import StepDraft as StepDraft
 
 TRAIN = "train"
 EVAL = "eval"
@@ -66,196 +70,11 @@ class StepListener(Protocol):
         ...
 
 
-class StepDraft:
-    """A finished step as the host saw it; the probe turns it into a ``StepRecord``.
-
-    Made on the training thread at every step's end, so it keeps the step's raw
-    accumulators and works its times out only when they are read (by the
-    probe's thread, when it builds the record). Times are on the tracker's
-    monotonic clock, in seconds.
-
-    Attributes:
-        loader_wait_s: time blocked in DataLoader ``__next__``.
-        loader_fetches: batches fetched from DataLoaders in the step.
-        outside_s: host time in neither compute nor a loader wait.
-        data_wait_s: the step's data wait as the host measured it (see module doc).
-        compute_s: ``None`` when no forward, backward or optimizer step was seen.
-        samples: the step's batch size, when known.
-        autocast: whether autocast was on in the step's first forward call.
-        start_marker: what the listener returned when the step's first compute began.
-    """
-
-    __slots__ = ("_seg", "_values", "phase", "source", "step", "t_end")
-
-    def __init__(self, step: int, phase: str, source: str, t_end: float, seg: _Segment) -> None:
-        self.step = step
-        self.phase = phase
-        self.source = source
-        self.t_end = t_end
-        self._seg = seg
-        self._values: tuple[float, float, float, float, float | None] | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"StepDraft(step={self.step}, phase={self.phase!r}, source={self.source!r}, "
-            f"duration_s={self.duration_s!r}, data_wait_s={self.data_wait_s!r}, "
-            f"compute_s={self.compute_s!r}, samples={self.samples!r})"
-        )
-
-    def _times(self) -> tuple[float, float, float, float, float | None]:
-        """(t_start, duration, outside, data wait, compute), worked out once."""
-        values = self._values
-        if values is None:
-            seg = self._seg
-            t_end = self.t_end
-            t_start = seg.t_start if seg.t_start is not None else t_end
-            duration = max(0.0, t_end - t_start - seg.excluded)
-            compute = max(0.0, seg.compute) if seg.compute_seen else None
-            outside = max(0.0, duration - (compute or 0.0) - seg.loader_wait)
-            if seg.fetches or seg.loader_wait > 0:
-                data_wait = seg.loader_wait
-            elif compute is not None:
-                data_wait = outside
-            else:
-                data_wait = 0.0  # no compute seen (explicit API without torch): unknown
-            values = (t_start, duration, outside, min(data_wait, duration), compute)
-            self._values = values
-        return values
-
-    @property
-    def t_start(self) -> float:
-        return self._times()[0]
-
-    @property
-    def duration_s(self) -> float:
-        return self._times()[1]
-
-    @property
-    def outside_s(self) -> float:
-        return self._times()[2]
-
-    @property
-    def data_wait_s(self) -> float:
-        return self._times()[3]
-
-    @property
-    def compute_s(self) -> float | None:
-        return self._times()[4]
-
-    @property
-    def loader_wait_s(self) -> float:
-        return self._seg.loader_wait
-
-    @property
-    def loader_fetches(self) -> int:
-        return self._seg.fetches
-
-    @property
-    def samples(self) -> int | None:
-        seg = self._seg
-        if seg.fetches and seg.loader_samples is not None:
-            return seg.loader_samples
-        if seg.forward_samples is not None:
-            return seg.forward_samples
-        return seg.optimizer_forward_samples
-
-    @property
-    def autocast(self) -> bool | None:
-        return self._seg.autocast
-
-    @property
-    def start_marker(self) -> object | None:
-        return self._seg.start_marker
-
-
-@dataclass(slots=True)
-class _Mark:
-    """The state of a segment when its last gradient-free forward call ended."""
-
-    t: float
-    loader_wait: float
-    fetches: int
-    loader_samples: int | None
-    compute: float
-    compute_seen: bool
-
-
-class _Segment:
-    """Accumulators from one boundary to the next (or to a held backward end).
-
-    One is made per step, on the training thread: the defaults are class
-    attributes, so making one stores a single attribute.
-    """
-
-    t_start: float | None = None
-    excluded: float = 0.0
-    loader_wait: float = 0.0
-    fetches: int = 0
-    loader_samples: int | None = None
-    compute: float = 0.0
-    compute_seen: bool = False
-    """Whether a compute region began in the segment (the CUDA marker was taken then)."""
-    forward_samples: int | None = None
-    optimizer_forward_samples: int | None = None
-    autocast: bool | None = None
-    nograd_forwards: int = 0
-    mark: _Mark | None = None
-    start_marker: object | None = None
-
-    def __init__(self, t_start: float | None = None) -> None:
-        if t_start is not None:
-            self.t_start = t_start
-
-    @classmethod
-    def of(cls, t_start: float | None = None, **values: Any) -> _Segment:
-        """A segment with the accumulators in ``values`` set (splits, tests)."""
-        seg = cls(t_start)
-        for name, value in values.items():
-            setattr(seg, name, value)
-        return seg
-
-    def begin(self, t: float) -> None:
-        if self.t_start is None:
-            self.t_start = t
-
-
-def _add(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
-
-
-def _merge(segments: list[_Segment]) -> _Segment:
-    """One segment standing for ``segments`` in order (a step of several backward calls)."""
-    out = _Segment()
-    for s in segments:
-        if out.t_start is None:
-            out.t_start = s.t_start
-        out.excluded += s.excluded
-        out.loader_wait += s.loader_wait
-        out.fetches += s.fetches
-        out.loader_samples = _add(out.loader_samples, s.loader_samples)
-        out.compute += s.compute
-        out.compute_seen = out.compute_seen or s.compute_seen
-        # Each backward segment of gradient accumulation is one micro-batch.
-        out.forward_samples = _add(out.forward_samples, s.forward_samples)
-        if out.optimizer_forward_samples is None:
-            out.optimizer_forward_samples = s.optimizer_forward_samples
-        if s.autocast is not None:
-            out.autocast = bool(out.autocast) or s.autocast
-        out.nograd_forwards += s.nograd_forwards
-        if out.start_marker is None:
-            out.start_marker = s.start_marker
-    return out
-
-
 @dataclass
 class _Phase:
     name: str
     t_start: float
-    outer: _Segment
+    outer: Segment
     steps_inside: int = 0
 
 
@@ -298,8 +117,8 @@ class StepTracker:
         self.listener = listener
         self.mode: str | None = None
         self.steps_by_phase: dict[str, int] = {}
-        self._seg = _Segment()
-        self._held: list[_Segment] = []
+        self._seg = Segment()
+        self._held: list[Segment] = []
         self._region_t0 = 0.0
         # Open compute regions, outermost first (``forward``, ``backward``, ``optimizer``).
         self._regions: list[str] = []
@@ -348,7 +167,7 @@ class StepTracker:
         """Forget everything (a forked child starts its own count)."""
         self.mode = None
         self.steps_by_phase = {}
-        self._seg = _Segment()
+        self._seg = Segment()
         self._held = []
         self._regions = []
         self._phases = []
@@ -369,7 +188,7 @@ class StepTracker:
         return bool(self.steps_by_phase)
 
     def _new_segment(self, t_start: float | None) -> None:
-        self._seg = _Segment(t_start)
+        self._seg = Segment(t_start)
         self.wants_batch = True
 
     # --- compute regions ---------------------------------------------------------------
@@ -456,7 +275,7 @@ class StepTracker:
                     seg.compute += now - self._region_t0
                 self.outside_since = now
                 if not grad_enabled and seg.t_start is not None:
-                    seg.mark = _Mark(
+                    seg.mark = Mark(
                         now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
                         seg.compute_seen,
                     )  # fmt: skip
@@ -464,7 +283,7 @@ class StepTracker:
             self.compute_exit(now, "forward")
             seg = self._seg
             if not regions and not grad_enabled and seg.t_start is not None:
-                seg.mark = _Mark(
+                seg.mark = Mark(
                     now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
                     seg.compute_seen,
                 )  # fmt: skip
@@ -621,11 +440,11 @@ class StepTracker:
     def _close(self, now: float, source: str) -> None:
         seg = self._seg
         if self._held:
-            seg = _merge([*self._held, seg])
+            seg = merge([*self._held, seg])
             self._held = []
         if seg.t_start is None:
             seg.t_start = now
-        self._seg = _Segment(now)
+        self._seg = Segment(now)
         self.wants_batch = True
         phases = self._phases
         if phases:
@@ -645,16 +464,16 @@ class StepTracker:
             self._nograd_history.append(seg.nograd_forwards)
         self._finish(seg, now, source, phase)
 
-    def _is_eval(self, seg: _Segment) -> bool:
+    def _is_eval(self, seg: Segment) -> bool:
         if seg.mark is None or seg.nograd_forwards < EVAL_MIN_FORWARDS:
             return False
         usual = statistics.median(self._nograd_history) if self._nograd_history else 0.0
         return seg.nograd_forwards > EVAL_FACTOR * usual
 
     @staticmethod
-    def _split(seg: _Segment, mark: _Mark) -> tuple[_Segment, _Segment]:
+    def _split(seg: Segment, mark: Mark) -> tuple[Segment, Segment]:
         """(evaluation part up to ``mark``, train part after it)."""
-        before = _Segment.of(
+        before = Segment.of(
             t_start=seg.t_start,
             loader_wait=mark.loader_wait,
             fetches=mark.fetches,
@@ -664,7 +483,7 @@ class StepTracker:
             nograd_forwards=seg.nograd_forwards,
             start_marker=seg.start_marker,
         )
-        after = _Segment.of(
+        after = Segment.of(
             t_start=mark.t,
             loader_wait=seg.loader_wait - mark.loader_wait,
             fetches=seg.fetches - mark.fetches,
@@ -681,7 +500,7 @@ class StepTracker:
         )
         return before, after
 
-    def _finish(self, seg: _Segment, t_end: float, source: str, phase: str) -> None:
+    def _finish(self, seg: Segment, t_end: float, source: str, phase: str) -> None:
         # ``seg`` is never changed again: the draft works its times out from it later.
         by_phase = self.steps_by_phase
         number = by_phase.get(phase, 0) + 1
