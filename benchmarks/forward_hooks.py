@@ -16,7 +16,12 @@ ways; per step, the training thread's CPU above no instrumentation at all:
 * root class ``__call__`` (the probe now): a wrapper on the ``__call__`` of the
   model's and the loss's classes only.
 
-    python benchmarks/forward_hooks.py [--blocks 4,16,64] [--rounds 9] [--steps 300]
+    python benchmarks/forward_hooks.py [--blocks 4,16,64] [--rounds 9] [--steps 300] [--bytecodes]
+
+``--bytecodes`` counts the Python bytecodes each way adds per step instead
+(``sys.settrace`` opcode events): exact, and undisturbed by other users of
+the machine, though a bytecode of the global hooks' slow path in torch and
+one of a wrapper do not cost quite the same.
 """
 
 from __future__ import annotations
@@ -135,12 +140,36 @@ def cpu_per_step(job: Job, batch: tuple[Any, Any], steps: int) -> float:
     return (time.thread_time() - t0) / steps
 
 
+def bytecodes_per_step(job: Job, batch: tuple[Any, Any], steps: int) -> float:
+    x, y = batch
+    count = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        for _ in range(steps):
+            job.step(x, y)
+    finally:
+        sys.settrace(None)
+    return count / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--blocks", default="4,16,64")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--bytecodes", action="store_true", help="count bytecodes, not time")
     args = parser.parse_args()
+    measure = bytecodes_per_step if args.bytecodes else cpu_per_step
+    rounds = 1 if args.bytecodes else args.rounds
     torch.set_num_threads(1)
     columns = []
     for blocks in (int(b) for b in args.blocks.split(",")):
@@ -150,31 +179,41 @@ def main() -> None:
         cpu_per_step(job, batch, args.steps // 3)  # warm-up
         roots = [job.model, job.loss_fn]
         per_way: dict[str, list[float]] = {w: [] for w in WAYS}
-        for r in range(args.rounds):
+        for r in range(rounds):
             names = list(WAYS)
             names = names[r % len(names) :] + names[: r % len(names)]
             for name in names:
                 depth = Depth()
                 undo = WAYS[name](depth, roots)
                 try:
-                    per_way[name].append(cpu_per_step(job, batch, args.steps))
+                    per_way[name].append(measure(job, batch, args.steps))
                 finally:
                     undo()
         base = statistics.median(per_way["none"])
         extra = {w: statistics.median(v) - base for w, v in per_way.items()}
         columns.append((blocks, calls, base, extra))
         print(f"measured deep-{blocks}", file=sys.stderr)
-    print(f"rounds: {args.rounds}, steps per round: {args.steps}; medians over rounds\n")
-    header = " | ".join(f"deep-{b}: {c} calls, {base * 1e3:.2f} ms" for b, c, base, _ in columns)
+    if args.bytecodes:
+        print(f"bytecodes per step added, over {args.steps} steps\n")
+        header = " | ".join(f"deep-{b}: {c} calls, {v:,.0f} bytecodes" for b, c, v, _ in columns)
+    else:
+        print(f"rounds: {args.rounds}, steps per round: {args.steps}; medians over rounds\n")
+        header = " | ".join(f"deep-{b}: {c} calls, {v * 1e3:.2f} ms" for b, c, v, _ in columns)
     print(f"| way | {header} |")
     print("|---|" + "---|" * len(columns))
     for way in WAYS:
         if way == "none":
             continue
-        cells = " | ".join(
-            f"{extra[way] * 1e6:+.1f} µs ({extra[way] / calls * 1e9:+.0f} ns/call)"
-            for _, calls, _, extra in columns
-        )
+        if args.bytecodes:
+            cells = " | ".join(
+                f"{extra[way]:+,.0f} ({extra[way] / calls:+.1f}/call)"
+                for _, calls, _, extra in columns
+            )
+        else:
+            cells = " | ".join(
+                f"{extra[way] * 1e6:+.1f} µs ({extra[way] / calls * 1e9:+.0f} ns/call)"
+                for _, calls, _, extra in columns
+            )
         print(f"| {way} | {cells} |")
 
 
