@@ -20,6 +20,10 @@ of several runs.
     python benchmarks/overhead.py [--models mlp,deep,transformer] [--rounds 7]
         [--seconds 4] [--doctor-runs 7] [--ablate]
 
+``--baseline-src DIR`` adds ``trainmedic run`` from another source tree
+(``git archive <commit> src | tar -x -C DIR``, then ``DIR/src``), interleaved
+with the rest: before and after a change, in the same rounds.
+
 ``--ablate`` adds, to find where an overhead goes, runs under ``trainmedic
 run --no-probe`` (the supervisor alone) and runs with one probe part switched
 off at a time (``TRAINMEDIC_PROBE_DISABLE=<part>``). ``--seconds`` sets each
@@ -300,8 +304,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--doctor-runs", type=int, default=7)
     parser.add_argument("--ablate", action="store_true", help="also runs that find where it goes")
+    parser.add_argument("--baseline-src", help="a source tree whose trainmedic run to compare")
     args = parser.parse_args()
     modes = MODES + (ABLATION_MODES if args.ablate else ())
+    if args.baseline_src:
+        src = str(Path(args.baseline_src).resolve())
+        modes += (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", src),)),)
     results = []
     if args.rounds > 0:
         for model in args.models.split(","):
