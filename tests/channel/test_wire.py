@@ -52,6 +52,7 @@ MESSAGES: list[ProbeMessage] = [
         cpu_s=1.25,
     ),
     Goodbye(pid=10, t=4.0, exit_code=None),
+    Goodbye(pid=10, t=4.0, exit_code=0, probe_cpu_s=0.5, probe_wall_s=60.0, stack_samples=300),
     StepRecord(
         step=3,
         t=5.0,
@@ -99,7 +100,7 @@ def test_round_trip(message: ProbeMessage) -> None:
 
 
 def test_only_hello_lines_carry_the_token() -> None:
-    assert b"secret" not in encode_message(MESSAGES[4], token="secret")
+    assert b"secret" not in encode_message(MESSAGES[5], token="secret")
 
 
 @pytest.mark.parametrize(
@@ -118,9 +119,9 @@ def test_malformed_lines_raise(line: bytes) -> None:
 
 
 def test_lines_are_compact() -> None:
-    obj = json.loads(encode_message(MESSAGES[4]))
+    obj = json.loads(encode_message(MESSAGES[5]))
     assert obj["k"] == "step"
-    assert len(encode_message(MESSAGES[4])) < 260
+    assert len(encode_message(MESSAGES[5])) < 260
 
 
 def _row(step: StepRecord) -> list[object]:
@@ -128,7 +129,7 @@ def _row(step: StepRecord) -> list[object]:
 
 
 def test_a_steps_line_carries_many_steps_as_rows() -> None:
-    full = MESSAGES[4]
+    full = MESSAGES[5]
     assert isinstance(full, StepRecord)
     bare = StepRecord(step=4, t=6.0, duration_s=0.2, pid=10, rank=1, compute_s=None)
     line = encode_steps(10, 1, [_row(full), _row(bare)])

@@ -73,6 +73,15 @@ def test_the_probe_reports_no_errors(slow_loader: ProbedRun) -> None:
     assert slow_loader.goodbyes
 
 
+def test_the_goodbye_tells_what_the_probes_threads_used(slow_loader: ProbedRun) -> None:
+    (bye,) = slow_loader.goodbyes
+    assert bye.probe_cpu_s is not None and bye.probe_wall_s is not None
+    # Two threads (sending, stack sampling) can use at most two cores' worth.
+    assert 0.0 < bye.probe_cpu_s <= 2 * bye.probe_wall_s
+    # The job waits for data most of the time: its stacks were sampled.
+    assert bye.stack_samples is not None and bye.stack_samples > 0
+
+
 def test_steps_without_an_optimizer_come_from_backward_calls(tmp_path: Path) -> None:
     prep_s = 0.02
     run = run_probed(script("manual_update.py", 8, prep_s), tmp_path)

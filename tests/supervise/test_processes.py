@@ -92,6 +92,18 @@ def test_heartbeats_torch_and_goodbyes_update_the_table() -> None:
     assert [e.kind for _, e in sink.got] == ["process_start", "process_exit"]
 
 
+def test_a_goodbye_with_the_probes_usage_puts_it_in_the_exit_event() -> None:
+    sink = ListSink()
+    router = MessageRouter([sink], ProcessTable(), wall=lambda: 9.0)  # type: ignore[list-item]
+    router.on_message(make_hello())
+    router.on_message(
+        Goodbye(pid=5, t=4.0, probe_cpu_s=0.02, probe_wall_s=10.0, stack_samples=120)
+    )
+    exit_event = sink.got[-1][1]
+    assert exit_event.kind == "process_exit"
+    assert exit_event.data == {"probe_cpu_s": 0.02, "probe_wall_s": 10.0, "stack_samples": 120}
+
+
 def test_channel_problems_become_events() -> None:
     sink = ListSink()
     router = MessageRouter([sink], ProcessTable(), wall=lambda: 9.0)  # type: ignore[list-item]

@@ -93,11 +93,21 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Goodbye:
-    """The process is exiting normally (sent from ``atexit``); ``exit_code`` when known."""
+    """The process is exiting normally (sent from ``atexit``); ``exit_code`` when known.
+
+    Attributes:
+        probe_cpu_s: CPU time of the probe's own threads (sending, heartbeats,
+            stack sampling) in this process, seconds, when it could be read.
+        probe_wall_s: seconds the probe ran in this process.
+        stack_samples: stacks the probe's sampler read in this process.
+    """
 
     pid: int
     t: float
     exit_code: int | None = None
+    probe_cpu_s: float | None = None
+    probe_wall_s: float | None = None
+    stack_samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,9 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
         }
     elif isinstance(message, Goodbye):
         obj = {"k": "bye", "pid": message.pid, "t": message.t, "exit_code": message.exit_code}
+        for key in ("probe_cpu_s", "probe_wall_s", "stack_samples"):
+            if getattr(message, key) is not None:
+                obj[key] = getattr(message, key)
     else:  # pragma: no cover - the union is closed
         raise TypeError(f"not a channel message: {type(message).__name__}")
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=repr)
@@ -254,7 +267,12 @@ def decode_line(line: bytes) -> tuple[ProbeMessage | StepBatch, str | None]:
         return _torch(obj), None
     if kind == "bye":
         return Goodbye(
-            pid=_int(obj["pid"]), t=float(obj["t"]), exit_code=_opt_int(obj.get("exit_code"))
+            pid=_int(obj["pid"]),
+            t=float(obj["t"]),
+            exit_code=_opt_int(obj.get("exit_code")),
+            probe_cpu_s=_opt_float(obj.get("probe_cpu_s")),
+            probe_wall_s=_opt_float(obj.get("probe_wall_s")),
+            stack_samples=_opt_int(obj.get("stack_samples")),
         ), None
     raise ValueError(f"unknown message kind {kind!r}")
 
@@ -308,6 +326,14 @@ def _int(raw: Any) -> int:
 
 def _opt_int(raw: Any) -> int | None:
     return None if raw is None else _int(raw)
+
+
+def _opt_float(raw: Any) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise TypeError(f"expected a number, got {raw!r}")
+    return float(raw)
 
 
 def _str(raw: Any) -> str:

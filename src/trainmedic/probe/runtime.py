@@ -237,6 +237,8 @@ class Probe:
                 steps.fail(exc)
         if self.cuda is not None:
             self.cuda.flush()
+        # Read before the threads end: a thread's CPU clock goes with it.
+        cpu_s = self._threads_cpu_s()
         if self.sampler is not None:
             self.sampler.stop()
         self._stop.set()
@@ -257,8 +259,29 @@ class Probe:
                     {"dropped": self.dropped},
                 )
             )
-        self.emit(Goodbye(pid=self.pid, t=self.wall()))
+        now = self.wall()
+        self.emit(
+            Goodbye(
+                pid=self.pid,
+                t=now,
+                probe_cpu_s=cpu_s,
+                probe_wall_s=max(0.0, now - self.started_at),
+                stack_samples=None if self.sampler is None else self.sampler.samples,
+            )
+        )
         self._flush()
+
+    def _threads_cpu_s(self) -> float | None:
+        """CPU time of the probe's own threads in this process so far, seconds."""
+        threads = [self._agent, None if self.sampler is None else self.sampler.thread]
+        total = 0.0
+        try:
+            for thread in threads:
+                if thread is not None and thread.ident is not None and thread.is_alive():
+                    total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (AttributeError, OSError):
+            return None  # no per-thread CPU clocks here
+        return total
 
     # --- forensics -------------------------------------------------------------------------------
 

@@ -180,6 +180,11 @@ class StackSampler:
         self._thread = threading.Thread(target=self._run, name="trainmedic-stacks", daemon=True)
         self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The sampler's thread, once started."""
+        return self._thread
+
     def sample_once(self) -> int:
         """Take one sample of every target now; returns how many stacks were read."""
         targets = self._targets()

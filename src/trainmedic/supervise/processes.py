@@ -137,12 +137,18 @@ class MessageRouter:
             self.table.update(message.pid, torch=message)
         elif isinstance(message, Goodbye):
             self.table.update(message.pid, exited_at=message.t)
+            usage = {
+                key: getattr(message, key)
+                for key in ("probe_cpu_s", "probe_wall_s", "stack_samples")
+                if getattr(message, key) is not None
+            }
             self.add_event(
                 RunEvent(
                     t=message.t,
                     kind="process_exit",
                     message=f"process {message.pid} exited",
                     pid=message.pid,
+                    data=usage,
                 )
             )
 
