@@ -91,6 +91,7 @@ class Sample:
     supervisor_cpu_during_job: float | None = None
     supervisor_cpu_lifetime: float | None = None
     supervisor_reported: float | None = None
+    probe_threads: float | None = None
 
 
 @dataclass
@@ -164,6 +165,7 @@ def run_supervised(job_args: list[str], run_dir: Path, mode: Mode) -> Sample:
         supervisor_cpu_during_job=during,
         supervisor_cpu_lifetime=last_cpu / wall,
         supervisor_reported=reported_usage(run_dir),
+        probe_threads=probe_usage(run_dir),
     )
 
 
@@ -185,6 +187,23 @@ def steps_for(model: str, threads: int, seconds: float) -> int:
     """Steps that make a loop of about ``seconds``, from a short plain run."""
     probe = run_plain(["--model", model, "--steps", "40", "--threads", str(threads)], False)
     return max(100, int(seconds / probe.step_mean_s))
+
+
+def probe_usage(run_dir: Path) -> float | None:
+    """The probe threads' CPU as a share of one core, from the job's ``process_exit``
+    events (their ``probe_cpu_s`` / ``probe_wall_s``), all processes together."""
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    cpu = wall = 0.0
+    for line in lines:
+        event = json.loads(line)
+        data = event.get("data") or {}
+        if event.get("kind") == "process_exit" and "probe_cpu_s" in data:
+            cpu += float(data["probe_cpu_s"])
+            wall += float(data.get("probe_wall_s") or 0.0)
+    return cpu / wall if wall > 0 else None
 
 
 def overhead(
@@ -275,11 +294,14 @@ def overhead_table(results: Results) -> list[str]:
     during = median([s.supervisor_cpu_during_job for s in sup])
     lifetime = median([s.supervisor_cpu_lifetime for s in sup])
     reported = median([s.supervisor_reported for s in sup])
+    threads = median([s.probe_threads for s in sup])
     lines += [
         "",
         f"Supervisor CPU, % of one core: {_pct(during)} while the job runs (psutil), "
         f"{_pct(lifetime)} over its whole life (start-up, diagnosis, report), "
-        f"{_pct(reported)} by its own account (`supervisor_usage`).",
+        f"{_pct(reported)} by its own account (`supervisor_usage`). The probe's own "
+        f"threads in the job (sending, heartbeats, stack sampling): {_pct(threads)} "
+        "of one core (`process_exit` events).",
     ]
     if len(results.samples) > len(MODES):
         lines += ["", "Supervisor CPU while the job runs, per mode (median):", ""]
