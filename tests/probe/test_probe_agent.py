@@ -21,6 +21,7 @@ class Watch:
         self.requests = 0
         self.discovering = False
         self.requested = False
+        self.pending = False
         self.next_routine = float("inf")
 
     def request(self) -> None:

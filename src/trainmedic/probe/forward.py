@@ -87,6 +87,8 @@ class ForwardWatch:
         self.discovering = False
         self.discoveries = 0
         self.requested = False
+        self.pending = False
+        """``discovering or requested``: the one flag the hot paths test."""
         self._steps = 0
         self._forwards_at_begin = 0
         self._ended_at = float("-inf")
@@ -115,13 +117,16 @@ class ForwardWatch:
                     cls.__call__ = own  # type: ignore[method-assign]
         self.patched.clear()
         self.discovering = False
+        self.pending = self.requested = False
 
     def begin(self, now: float) -> None:
         """Start discovering (at a point outside any module call)."""
         self.requested = False
         if self.discovering or not self._installed:
+            self.pending = self.discovering
             return
         self.discovering = True
+        self.pending = True
         self.discoveries += 1
         self._steps = 0
         self._forwards_at_begin = self._tracker.forwards
@@ -132,6 +137,7 @@ class ForwardWatch:
         if not self.discovering:
             return
         self.discovering = False
+        self.pending = self.requested
         self._ended_at = now
         self.next_routine = now + REDISCOVER_S
         # Parents first: a subclass of a patched class is already covered.
@@ -144,6 +150,7 @@ class ForwardWatch:
     def request(self) -> None:
         """Ask for a discovery at the next safe point (any thread)."""
         self.requested = True
+        self.pending = True
 
     # --- safe points (training thread, outside module calls) -------------------------------
 

@@ -57,8 +57,10 @@ FIRST_CONNECT_DELAY_S = 0.2
 ``sys.argv``, and processes shorter than this with nothing to say send nothing)."""
 MAX_OUTBOX = 100_000
 """Messages kept while the supervisor is slow; more are counted and dropped."""
-MAX_BATCH_STEPS = 2_000
-"""Steps per ``steps`` line at most."""
+BATCH_STEPS = 64
+"""Steps per ``steps`` line at most. The probe's thread yields the interpreter
+to the training thread after each line (``time.sleep(0)``), so that it never
+holds the GIL for long while the training thread waits for it."""
 IDLE_STEPS_S = 2.0
 """Seconds without a step (and at least 3 usual steps), the job working, after
 which the probe's thread asks the forward watch to look for new root modules."""
@@ -441,7 +443,7 @@ class Probe:
     def _on_draft(self, draft: StepDraft) -> None:
         # Once per step on the training thread: kept to a few lines, no I/O.
         watch = self.forward
-        if watch is not None and (watch.discovering or watch.requested):
+        if watch is not None and watch.pending:
             try:
                 watch.step_closed(draft.t_end)
             except Exception as exc:
@@ -467,33 +469,28 @@ class Probe:
     def _step_row(self, draft: StepDraft, timing: Any, alloc: Any) -> list[Any]:
         """The step's values in :data:`~trainmedic.channel.wire.STEP_COLUMNS` order
         (the probe's thread builds them: the training thread only queued the draft)."""
-        data_wait = draft.data_wait_s
+        _, duration, outside, data_wait, compute = draft.times()
         gpu_time: float | None = None
         if timing is not None:
             gpu_time = timing.gpu_time_s
             if (
                 draft.loader_fetches == 0
-                and draft.compute_s is not None
+                and compute is not None
                 and timing.idle_before_s is not None
             ):
                 # The GPU's idle gap before the step, not host time spent in a sync.
-                data_wait = min(draft.outside_s, timing.idle_before_s)
+                data_wait = min(outside, timing.idle_before_s)
+        if alloc is None:
+            return [
+                draft.step, draft.t_end + self.wall_offset, duration, data_wait, compute,
+                gpu_time, draft.samples, draft.source, draft.phase, None, None, None, None,
+                draft.autocast,
+            ]  # fmt: skip
         return [
-            draft.step,
-            draft.t_end + self.wall_offset,
-            draft.duration_s,
-            data_wait,
-            draft.compute_s,
-            gpu_time,
-            draft.samples,
-            draft.source,
-            draft.phase,
-            None if alloc is None else alloc.alloc_peak_bytes,
-            None if alloc is None else alloc.reserved_peak_bytes,
-            None if alloc is None else alloc.alloc_retries,
-            None if alloc is None else alloc.ooms,
-            draft.autocast,
-        ]
+            draft.step, draft.t_end + self.wall_offset, duration, data_wait, compute,
+            gpu_time, draft.samples, draft.source, draft.phase, alloc.alloc_peak_bytes,
+            alloc.reserved_peak_bytes, alloc.alloc_retries, alloc.ooms, draft.autocast,
+        ]  # fmt: skip
 
     def adopt_training_thread(self) -> bool:
         """Make the calling thread the training thread when no step was marked yet."""
@@ -809,11 +806,12 @@ class Probe:
                         train_s += row[2]
                         wait_s += row[3]
                         train_steps += 1
-                    if len(rows) < MAX_BATCH_STEPS:
+                    if len(rows) < BATCH_STEPS:
                         continue
                 if rows:
                     chunks.append(encode_steps(self.pid, self.rank, rows))
                     rows = []
+                    time.sleep(0)  # let a training thread waiting for the GIL have it
                 if not isinstance(message, tuple):
                     chunks.append(encode_message(message))
             except Exception:

@@ -48,8 +48,8 @@ class StepDraft:
             f"compute_s={self.compute_s!r}, samples={self.samples!r})"
         )
 
-    def _times(self) -> tuple[float, float, float, float, float | None]:
-        """(t_start, duration, outside, data wait, compute), worked out once."""
+    def times(self) -> tuple[float, float, float, float, float | None]:
+        """(t_start, duration_s, outside_s, data_wait_s, compute_s), worked out once."""
         values = self._values
         if values is None:
             seg = self._seg
@@ -70,23 +70,23 @@ class StepDraft:
 
     @property
     def t_start(self) -> float:
-        return self._times()[0]
+        return self.times()[0]
 
     @property
     def duration_s(self) -> float:
-        return self._times()[1]
+        return self.times()[1]
 
     @property
     def outside_s(self) -> float:
-        return self._times()[2]
+        return self.times()[2]
 
     @property
     def data_wait_s(self) -> float:
-        return self._times()[3]
+        return self.times()[3]
 
     @property
     def compute_s(self) -> float | None:
-        return self._times()[4]
+        return self.times()[4]
 
     @property
     def loader_wait_s(self) -> float:

@@ -176,7 +176,7 @@ def _install_loader(torch: Any, probe: Probe) -> None:
             part.fail(exc)
             return original_next(self)
         watch = probe.forward
-        if watch is not None and (watch.requested or watch.discovering):
+        if watch is not None and watch.pending:
             try:
                 watch.fetched(now)  # a point outside module calls: see probe.forward
             except Exception as exc:
