@@ -5,14 +5,16 @@ diagnosing, and rare (:data:`SLOW_S`) while steps are healthy:
 
 * in the training process (:class:`MainPolicy`): frequent while the recent
   data wait is at least :data:`WATCH_SHARE` of step time (the diagnosis
-  reports a data wait from 20 %), before the first steps are known, and while
-  the current wait has lasted :data:`STALL_FACTOR` times the usual step and
-  at least :data:`STALL_FLOOR_S` (a stall in progress: the diagnosis names a
-  stall's cause from the stack samples taken during it);
+  reports a data wait from 20 %) - about :data:`WAIT_SAMPLES_PER_S` samples of
+  the wait a second -, before the first steps are known, and every
+  :data:`FAST_S` while the current wait has lasted :data:`STALL_FACTOR` times
+  the usual step and at least :data:`STALL_FLOOR_S` (a stall in progress: the
+  diagnosis names a stall's cause from the stack samples taken during it);
 * in a DataLoader worker (:class:`WorkerPolicy`), which cannot see the
   training process's steps: frequent while the worker has been busy (not
-  waiting for work) at least :data:`WORKER_BUSY_SHARE` of the recent samples -
-  saturated workers are what an input-bound job looks like - rare otherwise.
+  waiting for work) at least :data:`WORKER_BUSY_SHARE` of the recent samples
+  (every :data:`WORKER_FAST_S`) - saturated workers are what an input-bound
+  job looks like - rare otherwise.
 
 At :data:`SLOW_S` the thread wakes four times a second and mostly finds
 nothing to sample (the training thread is not waiting for data). A stack
@@ -32,11 +34,17 @@ from trainmedic.probe.stacks import FLUSH_S, ActivityAggregate, StackCache
 from trainmedic.record.types import LoaderActivity
 
 FAST_S = 0.02
-"""Seconds between two samples while loading is being diagnosed."""
+"""Seconds between two samples at most often (a stall in progress, start-up)."""
 SLOW_S = 0.25
 """Seconds between two samples while steps are healthy."""
 WATCH_SHARE = 0.10
 """Recent data-wait share of step time from which sampling is frequent."""
+WAIT_SAMPLES_PER_S = 5.0
+"""Samples of waiting threads aimed for per second while the data wait is watched:
+the period is the wait's share over this (20 ms at a 10 % wait, 100 ms at 50 %),
+so a job that mostly waits is not woken more than its diagnosis needs."""
+WORKER_FAST_S = 0.05
+"""Seconds between two samples of a saturated DataLoader worker."""
 STALL_FACTOR = 4.0
 STALL_FLOOR_S = 0.1
 WORKER_BUSY_SHARE = 0.7
@@ -101,8 +109,11 @@ class MainPolicy:
 
     def period(self, last_state: str | None) -> float:
         stats = self._stats
-        if not stats.known or stats.wait_share >= WATCH_SHARE:
+        if not stats.known:
             return FAST_S
+        share = stats.wait_share
+        if share >= WATCH_SHARE:
+            return min(SLOW_S, max(FAST_S, share / WAIT_SAMPLES_PER_S))
         since = self._waiting_since()
         if since is not None:
             waited = self._clock() - since
@@ -130,7 +141,7 @@ class WorkerPolicy:
             busy = 0.0 if last_state == "idle" else 1.0
             self._busy += weight * (busy - self._busy)
         self._last = now
-        return FAST_S if self._busy >= WORKER_BUSY_SHARE else SLOW_S
+        return WORKER_FAST_S if self._busy >= WORKER_BUSY_SHARE else SLOW_S
 
 
 class StackSampler:
