@@ -60,6 +60,10 @@ EVAL_FACTOR = 4.0
 """... when they are also more than this many times the usual number per step."""
 _EVAL_HISTORY = 32
 _SAME_MOMENT_S = 0.001
+# What the region stack is in the common case at each kind's end (compared, not built).
+_FORWARD_ONLY = ["forward"]
+_BACKWARD_ONLY = ["backward"]
+_OPTIMIZER_ONLY = ["optimizer"]
 
 
 class StepListener(Protocol):
@@ -209,11 +213,7 @@ class StepTracker:
         self.work += 1
         seg = self._seg
         if not seg.compute_seen:
-            seg.compute_seen = True
-            if seg.t_start is None:
-                seg.t_start = now
-            if self.listener is not None:
-                seg.start_marker = self.listener.segment_started()
+            self._first_compute(seg, now)
 
     def compute_exit(self, now: float, kind: str) -> None:
         regions = self._regions
@@ -236,57 +236,75 @@ class StepTracker:
         self, now: float, samples: int | None, grad_enabled: bool, autocast: bool | None
     ) -> None:
         """An outermost module call begins (``samples``: its batch size, when found)."""
-        self.forwards += 1
         regions = self._regions
-        seg = self._seg
-        if regions:
-            inside_optimizer = "optimizer" in regions
-        else:
-            inside_optimizer = False
-            self._region_t0 = now  # _outermost, inline: this runs for every outermost call
-            self.work += 1
-            if not seg.compute_seen:
-                seg.compute_seen = True
-                if seg.t_start is None:
-                    seg.t_start = now
-                if self.listener is not None:
-                    seg.start_marker = self.listener.segment_started()
+        if regions:  # inside a backward call or an optimizer step (a closure): rare
+            self._forward_enter_inside(now, samples, grad_enabled, autocast)
+            return
+        self.forwards += 1
+        self.work += 1
+        self._region_t0 = now
         regions.append("forward")
+        seg = self._seg
+        if not seg.compute_seen:
+            self._first_compute(seg, now)
         if self.wants_batch:
-            if inside_optimizer:
-                if seg.optimizer_forward_samples is None:
-                    seg.optimizer_forward_samples = samples
-                    self.wants_batch = samples is None
-            elif seg.forward_samples is None:
-                seg.forward_samples = samples
-                self.wants_batch = samples is None
-            if autocast is not None:
-                seg.autocast = bool(seg.autocast) or autocast
+            self._first_forward(seg, samples, autocast, False)
+        if not grad_enabled:
+            seg.nograd_forwards += 1
+
+    def _forward_enter_inside(
+        self, now: float, samples: int | None, grad_enabled: bool, autocast: bool | None
+    ) -> None:
+        self.forwards += 1
+        inside_optimizer = "optimizer" in self._regions
+        self._regions.append("forward")
+        seg = self._seg
+        if self.wants_batch:
+            self._first_forward(seg, samples, autocast, inside_optimizer)
         if not grad_enabled and not inside_optimizer:
             seg.nograd_forwards += 1
 
+    def _first_compute(self, seg: Segment, now: float) -> None:
+        """The segment's first compute region begins (the CUDA marker is taken now)."""
+        seg.compute_seen = True
+        if seg.t_start is None:
+            seg.t_start = now
+        if self.listener is not None:
+            seg.start_marker = self.listener.segment_started()
+
+    def _first_forward(
+        self, seg: Segment, samples: int | None, autocast: bool | None, inside_optimizer: bool
+    ) -> None:
+        if inside_optimizer:
+            if seg.optimizer_forward_samples is None:
+                seg.optimizer_forward_samples = samples
+                self.wants_batch = samples is None
+        elif seg.forward_samples is None:
+            seg.forward_samples = samples
+            self.wants_batch = samples is None
+        if autocast is not None:
+            seg.autocast = bool(seg.autocast) or autocast
+
     def forward_exit(self, now: float, grad_enabled: bool) -> None:
         regions = self._regions
-        if regions and regions[-1] == "forward":
+        if regions == _FORWARD_ONLY:
             regions.pop()
-            if not regions:
-                seg = self._seg
-                if now > self._region_t0:
-                    seg.compute += now - self._region_t0
-                self.outside_since = now
-                if not grad_enabled and seg.t_start is not None:
-                    seg.mark = Mark(
-                        now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
-                        seg.compute_seen,
-                    )  # fmt: skip
-        else:
-            self.compute_exit(now, "forward")
             seg = self._seg
-            if not regions and not grad_enabled and seg.t_start is not None:
-                seg.mark = Mark(
-                    now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute,
-                    seg.compute_seen,
-                )  # fmt: skip
+            seg.compute += now - self._region_t0  # a monotonic clock: never negative
+            self.outside_since = now
+            if not grad_enabled and seg.t_start is not None:
+                self._mark(seg, now)
+            return
+        self.compute_exit(now, "forward")
+        if not regions and not grad_enabled and self._seg.t_start is not None:
+            self._mark(self._seg, now)
+
+    @staticmethod
+    def _mark(seg: Segment, now: float) -> None:
+        """Note the segment's state at the end of a gradient-free outermost forward call."""
+        seg.mark = Mark(
+            now, seg.loader_wait, seg.fetches, seg.loader_samples, seg.compute, seg.compute_seen
+        )
 
     # --- data ----------------------------------------------------------------------------
 
@@ -299,10 +317,10 @@ class StepTracker:
     def loader_exit(self, now: float, samples: int | None, fetched: bool) -> None:
         """A DataLoader ``__next__`` returned (``fetched``) or ended the epoch."""
         start = self._in_loader_since
-        self._in_loader_since = None
         if start is None:
             return
-        wait = now - start if now > start else 0.0
+        self._in_loader_since = None
+        wait = now - start  # a monotonic clock: never negative
         self.work += 1
         seg = self._seg
         seg.loader_wait += wait
@@ -324,52 +342,43 @@ class StepTracker:
 
     def optimizer_enter(self, now: float) -> None:
         regions = self._regions
-        if regions:
-            if "optimizer" in regions:
-                # A previous optimizer step raised before its post hook: close it.
-                self._abandon_region("optimizer", now)
-            if not regions:
-                self._outermost(now)
+        if regions:  # a region left open, or a step inside a region: rare
+            self.compute_enter(now, "optimizer")
         else:
-            self._region_t0 = now  # _outermost, inline: this runs at every step
             self.work += 1
+            self._region_t0 = now
+            regions.append("optimizer")
             seg = self._seg
             if not seg.compute_seen:
-                seg.compute_seen = True
-                if seg.t_start is None:
-                    seg.t_start = now
-                if self.listener is not None:
-                    seg.start_marker = self.listener.segment_started()
-        regions.append("optimizer")
+                self._first_compute(seg, now)
         self.wants_batch = self._seg.optimizer_forward_samples is None
 
     def optimizer_exit(self, now: float, optimizer: object) -> None:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
         regions = self._regions
-        if regions and regions[-1] == "optimizer":
-            regions.pop()  # compute_exit's common case, inline
-            if not regions:
-                if now > self._region_t0:
-                    self._seg.compute += now - self._region_t0
-                self.outside_since = now
-            elif "optimizer" in regions:
-                return
+        if regions == _OPTIMIZER_ONLY:
+            regions.pop()
+            self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
+            self.outside_since = now
         else:
             self.compute_exit(now, "optimizer")
             if "optimizer" in regions:
-                return
-        self.wants_batch = self._seg.forward_samples is None
+                return  # a nested optimizer step
         if self.mode == "api":
+            self.wants_batch = self._seg.forward_samples is None
             return
         self.mode = "optimizer"
-        if self._lead is None:
-            self._lead = optimizer
-        elif optimizer != self._lead:
-            count = self._others.get(optimizer, 0) + 1
-            self._others[optimizer] = count
-            if count < LEAD_TAKEOVER:
-                return
-            self._lead = optimizer
+        lead = self._lead
+        if optimizer != lead:
+            if lead is None:
+                self._lead = optimizer
+            else:
+                count = self._others.get(optimizer, 0) + 1
+                self._others[optimizer] = count
+                if count < LEAD_TAKEOVER:
+                    self.wants_batch = self._seg.forward_samples is None
+                    return
+                self._lead = optimizer
         if self._others:
             self._others.clear()
         self._close(now, "optimizer")
@@ -377,25 +386,18 @@ class StepTracker:
     def backward_enter(self, now: float) -> None:
         regions = self._regions
         if not regions:
-            self._region_t0 = now  # _outermost, inline: this runs at every step
             self.work += 1
+            self._region_t0 = now
             seg = self._seg
             if not seg.compute_seen:
-                seg.compute_seen = True
-                if seg.t_start is None:
-                    seg.t_start = now
-                if self.listener is not None:
-                    seg.start_marker = self.listener.segment_started()
+                self._first_compute(seg, now)
         regions.append("backward")
 
     def backward_exit(self, now: float) -> None:
         regions = self._regions
-        if regions and regions[-1] == "backward":
+        if regions == _BACKWARD_ONLY:
             regions.pop()  # compute_exit's common case, inline
-            if regions:
-                return
-            if now > self._region_t0:
-                self._seg.compute += now - self._region_t0
+            self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
             self.outside_since = now
         else:
             self.compute_exit(now, "backward")
