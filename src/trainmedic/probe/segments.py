@@ -52,19 +52,33 @@ class StepDraft:
         """(t_start, duration_s, outside_s, data_wait_s, compute_s), worked out once."""
         values = self._values
         if values is None:
+            # Conditionals, not min()/max(): the probe's thread runs this for every step.
             seg = self._seg
             t_end = self.t_end
-            t_start = seg.t_start if seg.t_start is not None else t_end
-            duration = max(0.0, t_end - t_start - seg.excluded)
-            compute = max(0.0, seg.compute) if seg.compute_seen else None
-            outside = max(0.0, duration - (compute or 0.0) - seg.loader_wait)
-            if seg.fetches or seg.loader_wait > 0:
-                data_wait = seg.loader_wait
+            t_start = seg.t_start
+            if t_start is None:
+                t_start = t_end
+            duration = t_end - t_start - seg.excluded
+            if duration < 0.0:
+                duration = 0.0
+            loader_wait = seg.loader_wait
+            compute: float | None = None
+            if seg.compute_seen:
+                compute = seg.compute if seg.compute > 0.0 else 0.0
+                outside = duration - compute - loader_wait
+            else:
+                outside = duration - loader_wait
+            if outside < 0.0:
+                outside = 0.0
+            if seg.fetches or loader_wait > 0.0:
+                data_wait = loader_wait
             elif compute is not None:
                 data_wait = outside
             else:
                 data_wait = 0.0  # no compute seen (explicit API without torch): unknown
-            values = (t_start, duration, outside, min(data_wait, duration), compute)
+            if data_wait > duration:
+                data_wait = duration
+            values = (t_start, duration, outside, data_wait, compute)
             self._values = values
         return values
 
