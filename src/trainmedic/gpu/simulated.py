@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -24,8 +25,10 @@ from trainmedic.gpu.types import (
     EccCounts,
     GpuProcess,
     GpuSample,
+    MigDevice,
     PcieLink,
     RemappedRows,
+    normalize_pci_bus_id,
 )
 
 Clock = Callable[[], float]
@@ -47,6 +50,9 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "clock_event_reasons": (int,),
     "retired_pages_pending": (bool,),
     "persistence_mode": (bool,),
+    "mig_mode": (bool,),
+    "processes_unreadable": (str,),
+    "unreachable": (str,),
 }
 _GROUPS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
     "ecc": (
@@ -89,9 +95,19 @@ _KNOWN_GPU_KEYS = (
         "uuid",
         "processes",
         "compute_capability",
+        "pci_bus_id",
+        "mig_devices",
         "series",
     }
 )
+_MIG_FIELDS: dict[str, tuple[type, ...]] = {
+    "uuid": (str,),
+    "gpu_instance_id": (int,),
+    "compute_instance_id": (int,),
+    "memory_total_bytes": (int,),
+    "memory_used_bytes": (int,),
+}
+_PCI_RE = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?$")
 
 
 class SimulatedBackend:
@@ -207,7 +223,22 @@ def _apply(gpu: GpuSample, overrides: Mapping[str, Any]) -> GpuSample:
             changes[key] = replace(getattr(gpu, key), **value)
         else:
             changes[key] = value
-    return replace(gpu, **changes)
+    return _lost_if_unreachable(replace(gpu, **changes))
+
+
+def _lost_if_unreachable(gpu: GpuSample) -> GpuSample:
+    """An unreachable GPU answers nothing: only the identities read before remain
+    (as the NVML backend reports a GPU lost from the bus)."""
+    if gpu.unreachable is None:
+        return gpu
+    return GpuSample(
+        timestamp=gpu.timestamp,
+        index=gpu.index,
+        name=gpu.name,
+        uuid=gpu.uuid,
+        pci_bus_id=gpu.pci_bus_id,
+        unreachable=gpu.unreachable,
+    )
 
 
 class _Parser:
@@ -263,7 +294,7 @@ class _Parser:
         if unknown:
             raise self.fail(f"{where}.{unknown[0]}", "unknown field")
         fields = self.readings(where, {k: v for k, v in raw.items() if k != "series"})
-        gpu = GpuSample(timestamp=0.0, index=i, **fields)
+        gpu = _lost_if_unreachable(GpuSample(timestamp=0.0, index=i, **fields))
         self.check_consistent(where, gpu)
         current = gpu
         steps: list[tuple[float, Mapping[str, Any]]] = []
@@ -316,7 +347,36 @@ class _Parser:
                 out[key] = self.processes(at, value)
             elif key == "compute_capability":
                 out[key] = self.version_pair(at, value)
+            elif key == "pci_bus_id":
+                out[key] = self.pci_bus_id(at, value)
+            elif key == "mig_devices":
+                out[key] = self.mig_devices(at, value)
         return out
+
+    def pci_bus_id(self, at: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _PCI_RE.match(value.strip()):
+            raise self.fail(at, f'expected a PCI bus id such as "0000:3b:00.0", got {value!r}')
+        return normalize_pci_bus_id(value)
+
+    def mig_devices(self, at: str, value: Any) -> tuple[MigDevice, ...]:
+        if not isinstance(value, list):
+            raise self.fail(at, "expected a list of MIG instances")
+        out = []
+        for k, raw in enumerate(value):
+            where = f"{at}[{k}]"
+            if not isinstance(raw, dict):
+                raise self.fail(where, "expected an object")
+            bad = sorted(set(raw) - set(_MIG_FIELDS))
+            if bad:
+                raise self.fail(f"{where}.{bad[0]}", "unknown field")
+            fields = {
+                name: self.scalar(f"{where}.{name}", raw.get(name), kinds)
+                for name, kinds in _MIG_FIELDS.items()
+            }
+            out.append(MigDevice(**fields))
+        return tuple(out)
 
     def scalar(self, at: str, value: Any, kinds: tuple[type, ...]) -> Any:
         if value is None:
