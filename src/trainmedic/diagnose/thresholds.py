@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmedic.gpu import faults
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -45,7 +47,7 @@ class Thresholds:
         power_cap_min_share: share of the run's time a power cap must hold clocks
             down to be reported.
         power_cap_clock_ratio: SM clock under this share of its maximum is "well
-            below" (doctor's value).
+            below": a power, board or reliability limit then counts (doctor's value).
         temperature_margin_c: loaded temperature this close to slowdown is a warning.
         stall_factor / stall_floor_s: a stall is a step longer than both
             ``stall_factor`` x median and ``stall_floor_s`` seconds.
@@ -71,15 +73,15 @@ class Thresholds:
     shm_min_bytes: int = 1 * GIB
     gpu_util_low_pct: float = 50.0
     gpu_util_high_pct: float = 80.0
-    gpu_loaded_util_pct: float = 50.0
+    gpu_loaded_util_pct: float = faults.LOADED_UTILIZATION_PCT
     small_batch_samples: int = 32
     gpu_memory_low_share: float = 0.30
     memory_near_full_share: float = 0.95
     foreign_gpu_min_share: float = 0.05
     throttle_error_share: float = 0.25
     power_cap_min_share: float = 0.10
-    power_cap_clock_ratio: float = 0.85
-    temperature_margin_c: float = 5.0
+    power_cap_clock_ratio: float = faults.LIMIT_CLOCK_RATIO
+    temperature_margin_c: float = faults.NEAR_SLOWDOWN_MARGIN_C
     stall_factor: float = 5.0
     stall_floor_s: float = 1.0
     stall_warning_share: float = 0.05

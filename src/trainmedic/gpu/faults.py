@@ -127,8 +127,9 @@ _MEANINGS = {
 for _code in range(144, 151):
     _MEANINGS[_code] = "NVLink error"
 
-#: RESTART_APP codes that point at the GPU's memory rather than the program.
-_HARDWARE_RESTART = frozenset({94})
+HARDWARE_RESTART_CODES = frozenset({94})
+"""RESTART_APP codes that point at the GPU's memory rather than the program: the
+job failed because of the hardware, yet the GPU stays usable."""
 
 #: Xid 154's "recovery action changed ... to 0xN (...)" values (nvmlDeviceGpuRecoveryAction_t).
 _RECOVERY_ACTION = {
@@ -218,7 +219,7 @@ def xid_verdict(code: int, detail: str = "") -> XidVerdict:
         action = BUCKET_ACTION[bucket]
     hardware = action in (XidAction.RESET_GPU, XidAction.DRAIN_NODE)
     meaning = _MEANINGS.get(code, "see NVIDIA's Xid catalogue")
-    fix = _FIX_HARDWARE_RESTART if code in _HARDWARE_RESTART else _FIX[action]
+    fix = _FIX_HARDWARE_RESTART if code in HARDWARE_RESTART_CODES else _FIX[action]
     return XidVerdict(code, action, hardware, _LEVEL[action], meaning, fix)
 
 

@@ -22,12 +22,13 @@ GPU lacks is data, not an error. How real drivers answer, and what follows:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainmedic.gpu.backend import GpuBackend, NoGpuBackend
+from trainmedic.gpu.backend import GpuBackend, NoGpuBackend, XidNotice, XidWatch
 from trainmedic.gpu.types import (
     DriverInfo,
     EccCounts,
@@ -345,10 +346,72 @@ class NvmlBackend:
                 raise _GpuLost(_describe(exc)) from None
             return None, f"the process list cannot be read ({_describe(exc)})"
 
+    def xid_watch(self) -> XidWatch | None:
+        """NVML's Xid events of every GPU (needs no root, unlike the kernel log)."""
+        n = self._nvml
+        kind = getattr(n, "nvmlEventTypeXidCriticalError", None)
+        create = getattr(n, "nvmlEventSetCreate", None)
+        if kind is None or create is None or not hasattr(n, "nvmlEventSetWait_v2"):
+            return None
+        event_set = self._system(create)
+        if event_set is None:
+            return None
+        registered = 0
+        for index in range(self.device_count()):
+            try:
+                h = self._handle(index)
+                n.nvmlDeviceRegisterEvents(h, kind, event_set)
+                registered += 1
+            except (_GpuLost, n.NVMLError):
+                continue  # NotSupported on this GPU, or lost: the others are watched
+        if not registered:
+            self._system(getattr(n, "nvmlEventSetFree", None), event_set)
+            return None
+        return _NvmlXidWatch(n, event_set)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._system(self._nvml.nvmlShutdown)
+
+
+class _NvmlXidWatch:
+    """Waits on an NVML event set registered for Xid critical errors."""
+
+    def __init__(self, nvml: Any, event_set: Any) -> None:
+        self._nvml = nvml
+        self._set = event_set
+
+    def wait(self, timeout_s: float) -> list[XidNotice]:
+        n = self._nvml
+        out: list[XidNotice] = []
+        timeout_ms = max(0, int(timeout_s * 1000))
+        while True:
+            try:
+                data = n.nvmlEventSetWait_v2(self._set, timeout_ms)
+            except n.NVMLError:
+                return out  # Timeout: nothing more now (or the set broke)
+            index: int | None
+            try:
+                index = int(n.nvmlDeviceGetIndex(data.device))
+            except (n.NVMLError, AttributeError, TypeError):
+                index = None
+            instance = getattr(data, "gpuInstanceId", None)
+            out.append(
+                XidNotice(
+                    code=int(data.eventData),
+                    gpu_index=index,
+                    # 0xFFFFFFFF: not a MIG instance.
+                    gpu_instance=None if instance in (None, 0xFFFFFFFF) else int(instance),
+                )
+            )
+            timeout_ms = 0  # drain what is queued, then return
+
+    def close(self) -> None:
+        free = getattr(self._nvml, "nvmlEventSetFree", None)
+        if free is not None:
+            with contextlib.suppress(self._nvml.NVMLError):
+                free(self._set)
 
 
 def _describe(exc: BaseException) -> str:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmedic.errors import SimulationFileError
+from trainmedic.gpu.backend import XidNotice, XidWatch
+from trainmedic.gpu.faults import parse_xid_line
 from trainmedic.gpu.types import (
     ClockEventReason,
     DriverInfo,
@@ -97,6 +99,7 @@ _KNOWN_GPU_KEYS = (
         "compute_capability",
         "pci_bus_id",
         "mig_devices",
+        "kernel_log",
         "series",
     }
 )
@@ -120,8 +123,13 @@ class SimulatedBackend:
         series: Sequence[Sequence[tuple[float, Mapping[str, Any]]]],
         clock: Clock = time.monotonic,
         source: str = "<memory>",
+        kernel_log: Sequence[Sequence[tuple[float, str]]] = (),
     ) -> None:
         self._driver = driver
+        # (seconds, GPU index, driver line), in time order.
+        self._kernel_log = sorted(
+            (t, i, line) for i, lines in enumerate(kernel_log) for t, line in lines
+        )
         self._gpus = list(gpus)
         self._series = [list(s) for s in series] + [[] for _ in range(len(gpus) - len(series))]
         self._clock = clock
@@ -151,11 +159,13 @@ class SimulatedBackend:
             raise SimulationFileError(source, "driver", "GPUs are listed but the driver is null")
         gpus: list[GpuSample] = []
         series: list[list[tuple[float, Mapping[str, Any]]]] = []
+        logs: list[list[tuple[float, str]]] = []
         for i, raw in enumerate(gpus_raw):
             gpu, steps = parser.gpu(i, raw)
             gpus.append(gpu)
             series.append(steps)
-        return cls(driver, gpus, series, clock=clock, source=source)
+            logs.append(parser.kernel_log(f"gpus[{i}].kernel_log", raw.get("kernel_log", [])))
+        return cls(driver, gpus, series, clock=clock, source=source, kernel_log=logs)
 
     @property
     def kind(self) -> str:
@@ -188,6 +198,41 @@ class SimulatedBackend:
                 break
             gpu = _apply(gpu, overrides)
         return replace(gpu, timestamp=self._wall_start + elapsed)
+
+    def kernel_log(self) -> tuple[str, ...]:
+        """Every driver line of the simulated kernel log (doctor reads "since boot")."""
+        return tuple(line for _, _, line in self._kernel_log)
+
+    def xid_watch(self) -> XidWatch | None:
+        """The simulated kernel log's lines as they fall due on the backend's clock."""
+        if not self._kernel_log:
+            return None
+        return _SimulatedXidWatch(self)
+
+    def _due(self, after: int) -> tuple[int, list[XidNotice]]:
+        elapsed = self._clock() - self._start
+        out: list[XidNotice] = []
+        n = after
+        while n < len(self._kernel_log) and self._kernel_log[n][0] <= elapsed:
+            _, index, line = self._kernel_log[n]
+            event = parse_xid_line(line)
+            if event is not None:
+                out.append(XidNotice(event.code, index, line, event.gpu_instance))
+            n += 1
+        return n, out
+
+    def close(self) -> None:
+        return None
+
+
+class _SimulatedXidWatch:
+    def __init__(self, backend: SimulatedBackend) -> None:
+        self._backend = backend
+        self._next = 0
+
+    def wait(self, timeout_s: float) -> list[XidNotice]:
+        self._next, due = self._backend._due(self._next)
+        return due
 
     def close(self) -> None:
         return None
@@ -293,7 +338,9 @@ class _Parser:
         unknown = sorted(set(raw) - _KNOWN_GPU_KEYS)
         if unknown:
             raise self.fail(f"{where}.{unknown[0]}", "unknown field")
-        fields = self.readings(where, {k: v for k, v in raw.items() if k != "series"})
+        fields = self.readings(
+            where, {k: v for k, v in raw.items() if k not in ("series", "kernel_log")}
+        )
         gpu = _lost_if_unreachable(GpuSample(timestamp=0.0, index=i, **fields))
         self.check_consistent(where, gpu)
         current = gpu
@@ -313,7 +360,7 @@ class _Parser:
                 raise self.fail(f"{at}.t", "series entries must be in time order")
             last_t = float(t)
             rest = {k: v for k, v in entry.items() if k != "t"}
-            bad = sorted(set(rest) - (_KNOWN_GPU_KEYS - {"name", "uuid", "series"}))
+            bad = sorted(set(rest) - (_KNOWN_GPU_KEYS - {"name", "uuid", "series", "kernel_log"}))
             if bad:
                 raise self.fail(f"{at}.{bad[0]}", "unknown or unchangeable field")
             overrides = self.readings(at, rest, partial_groups=True)
@@ -351,6 +398,29 @@ class _Parser:
                 out[key] = self.pci_bus_id(at, value)
             elif key == "mig_devices":
                 out[key] = self.mig_devices(at, value)
+        return out
+
+    def kernel_log(self, at: str, value: Any) -> list[tuple[float, str]]:
+        """Driver lines as ``"line"`` (logged before the start) or ``{"t": s, "line": ...}``."""
+        if not isinstance(value, list):
+            raise self.fail(at, 'expected a list of lines or {"t": seconds, "line": ...} entries')
+        out: list[tuple[float, str]] = []
+        for k, entry in enumerate(value):
+            where = f"{at}[{k}]"
+            line: Any
+            if isinstance(entry, str):
+                t, line = 0.0, entry
+            elif isinstance(entry, dict) and set(entry) <= {"t", "line"}:
+                t, line = entry.get("t", 0.0), entry.get("line")
+                if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+                    raise self.fail(f"{where}.t", "expected seconds >= 0")
+            else:
+                raise self.fail(where, 'expected a line or {"t": seconds, "line": ...}')
+            if not isinstance(line, str) or parse_xid_line(line) is None:
+                raise self.fail(
+                    where, 'expected an Xid line such as "NVRM: Xid (PCI:0000:3b:00): 79, ..."'
+                )
+            out.append((float(t), line))
         return out
 
     def pci_bus_id(self, at: str, value: Any) -> str | None:
