@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from trainmedic.diagnose.contention import cpu_contention, gpu_contention
+from trainmedic.diagnose.gpu_visibility import gpu_visibility
 from trainmedic.diagnose.hardware import hardware_faults
 from trainmedic.diagnose.healthy import overall
 from trainmedic.diagnose.incidents import incidents
@@ -40,6 +41,7 @@ RULES: tuple[Rule, ...] = (
     cpu_contention,
     throttling,
     hardware_faults,
+    gpu_visibility,
     stalls,
     incidents,
 )

@@ -138,3 +138,89 @@ def unreachable_finding(s: GpuSample, severity: Severity, when: str) -> Finding:
         impact=None,
         subject=f"gpu{s.index}",
     )
+
+
+def hidden_by_mig(s: GpuSample) -> list[str]:
+    """The readings this MIG-mode GPU does not give (NVML answers NotSupported or NoPermission)."""
+    hidden = []
+    if s.utilization_gpu_pct is None:
+        hidden.append("GPU utilization")
+    if s.remapped_rows.pending is None and s.remapped_rows.failure is None:
+        hidden.append("row remapping")
+    if s.known_processes is None:
+        hidden.append("the process list")
+    elif any(p.used_memory_bytes is None for p in s.processes):
+        hidden.append("per-process memory")
+    return hidden
+
+
+def mig_finding(s: GpuSample, when: str) -> Finding:
+    """A GPU in MIG mode, named with what MIG hides from trainmedic."""
+    hidden = hidden_by_mig(s)
+    instances = [
+        {
+            "uuid": m.uuid,
+            "gpu_instance_id": m.gpu_instance_id,
+            "memory_total_gib": None
+            if m.memory_total_bytes is None
+            else round(m.memory_total_bytes / (1 << 30), 1),
+        }
+        for m in s.mig_devices
+    ]
+    blind = []
+    if "GPU utilization" in hidden:
+        blind.append("whether the GPU is the bottleneck")
+    if "the process list" in hidden:
+        blind.append("other tenants on it and when its memory is released")
+    if "row remapping" in hidden:
+        blind.append("pending memory repairs")
+    title = f"GPU {s.index} runs in MIG mode ({len(s.mig_devices)} instance(s) readable) {when}"
+    if hidden:
+        title += f": NVML hides {', '.join(hidden)}"
+    evidence: dict[str, Any] = {"mig_instances": instances, "hidden_readings": hidden}
+    if s.processes_unreadable:
+        evidence["processes_unreadable"] = s.processes_unreadable
+    return Finding(
+        id="gpu.mig_mode",
+        category=Category.GPU_CAPACITY,
+        severity=Severity.INFO,
+        title=title,
+        evidence=evidence,
+        detail=(
+            "A job on a MIG instance gets that slice of the GPU, not the whole GPU."
+            + (f" trainmedic cannot judge {', '.join(blind)}." if blind else "")
+        ),
+        fix=(
+            "Nothing is wrong with MIG itself. To see per-instance load use DCGM's profiling "
+            "metrics (dcgmi dmon -e 1001,1002); run trainmedic as root to read the whole GPU's "
+            "processes; for a job that needs the whole GPU, disable MIG when no instance is in "
+            f"use (sudo nvidia-smi -i {s.index} -mig 0, then reset the GPU)."
+        ),
+        impact=None,
+        subject=f"gpu{s.index}",
+    )
+
+
+def processes_unknown_finding(s: GpuSample, when: str) -> Finding:
+    """A GPU whose process list could not be read: other tenants are unknown, not absent."""
+    used = s.memory_used_bytes
+    return Finding(
+        id="contention.gpu.processes_unknown",
+        category=Category.CONTENTION,
+        severity=Severity.INFO,
+        title=(
+            f"GPU {s.index}'s processes could not be read {when}: other users' work on it "
+            "would not be seen"
+        ),
+        evidence={
+            "processes_unreadable": s.processes_unreadable,
+            "memory_used_gib": None if used is None else round(used / (1 << 30), 2),
+            "utilization_gpu_pct": s.utilization_gpu_pct,
+        },
+        fix=(
+            "Run trainmedic (or nvidia-smi) as root to see every process on the GPU, or ask "
+            "the administrator whether the GPU is dedicated to you."
+        ),
+        impact=None,
+        subject=f"gpu{s.index}",
+    )

@@ -526,6 +526,9 @@ class AttemptLoop:
             job_pids=obs.pids,
             num_workers=obs.num_workers,
             gpu_faults=evidence.gpu_faults(self.watchdog.gpu_first, self.watchdog.gpu_last),
+            visible_devices=attempt.env.get("CUDA_VISIBLE_DEVICES"),
+            device_order=attempt.env.get("CUDA_DEVICE_ORDER"),
+            gpus=tuple(self.watchdog.gpu_last.values()),
         )
 
     def _decide(self, state: RestartState, c: Classification) -> Decision:

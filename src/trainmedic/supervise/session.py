@@ -56,6 +56,7 @@ from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.rundir import command_name
 from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
 from trainmedic.supervise.watchdog import Watchdog
+from trainmedic.supervise.xid_watch import XidWatcher
 
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
@@ -151,11 +152,13 @@ class _Observers:
         self.first_gpu: dict[int, GpuSample] = {}
         self.gpu_period_s: float | None = None
         self._gpu: GpuSampler | None = None
+        self._xids: XidWatcher | None = None
         self.samplers: list[SamplerThread] = []
         self.live: LiveView | None = None
         self.facts = _FactsGatherer(simulation)
         self._guard("host facts", self.facts.start)
         self._guard("GPU sampling", lambda: self._start_gpu(backend))
+        self._guard("Xid watch", lambda: self._start_xids(backend))
         self._guard("host sampling", lambda: self._start_host(job))
         self._guard("live view", lambda: self._start_live(session, aggregate, mux, mode))
 
@@ -172,6 +175,11 @@ class _Observers:
     def _start_gpu(self, backend: GpuBackend) -> None:
         self._gpu = GpuSampler(backend, self._record_gpu, self._router.add_event)
         self._thread("gpu", "GPU", self._gpu.sample_once)
+
+    def _start_xids(self, backend: GpuBackend) -> None:
+        self._xids = XidWatcher(backend, self._router.add_event, lambda: dict(self.first_gpu))
+        if self._xids.source is not None:
+            self._thread("xid", "Xid watch", self._xids.sample_once)
 
     def _start_host(self, job: CurrentJob) -> None:
         host = HostSampler(
@@ -208,6 +216,8 @@ class _Observers:
             self.live.stop()
         for s in self.samplers:
             s.stop()
+        if self._xids is not None:
+            self._xids.close()
         if self._gpu is not None:
             self.gpu_period_s = self._gpu.period_s
 

@@ -401,11 +401,15 @@ class Watchdog:
             return [encoder.encode(self.gpu_last[i]) for i in sorted(self.gpu_last)]
 
     def gpu_pids(self) -> set[int] | None:
-        """Pids the GPUs listed in their last readings; ``None`` without GPU readings.
+        """Pids the GPUs listed in their last readings; ``None`` without GPU readings
+        or when a GPU's process list could not be read.
         A reading taken before the job was stopped still lists it: the wait for
         release then lasts until a newer reading no longer does."""
         with self._lock:
-            if not self.gpu_last:
+            # A GPU whose process list cannot be read (MIG, no permission) cannot tell.
+            if not self.gpu_last or any(
+                s.known_processes is None for s in self.gpu_last.values()
+            ):
                 return None
             return {p.pid for s in self.gpu_last.values() for p in s.processes}
 
