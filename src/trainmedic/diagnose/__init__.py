@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from trainmedic.diagnose.amp import grad_scaler_skips
 from trainmedic.diagnose.contention import cpu_contention, gpu_contention
 from trainmedic.diagnose.gpu_visibility import gpu_visibility
 from trainmedic.diagnose.hardware import hardware_faults
@@ -36,6 +37,7 @@ RULES: tuple[Rule, ...] = (
     host_overhead,
     small_batch,
     no_mixed_precision,
+    grad_scaler_skips,
     memory_pressure,
     gpu_contention,
     cpu_contention,

@@ -56,6 +56,9 @@ class Thresholds:
         stall_data_share: a stall with at least this share of data wait is a data stall.
         autocast_off_share: share of steps without autocast to call a run full precision.
         mixed_precision_gain: share of GPU-busy time bf16 autocast typically saves.
+        amp_skip_warning_share / amp_skip_error_share: share of the optimizer steps
+            after GradScaler's warm-up that it skipped, for a warning / an error.
+        amp_skip_min: fewer skips after the warm-up are never reported.
     """
 
     min_steady_steps: int = 5
@@ -89,6 +92,9 @@ class Thresholds:
     stall_data_share: float = 0.5
     autocast_off_share: float = 0.9
     mixed_precision_gain: float = 0.4
+    amp_skip_warning_share: float = 0.02
+    amp_skip_error_share: float = 0.5
+    amp_skip_min: int = 5
 
 
 DEFAULT_THRESHOLDS = Thresholds()
