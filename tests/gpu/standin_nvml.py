@@ -13,7 +13,10 @@ a JSON-able state. The states reproduce what real hardware and drivers do:
   check does), ``"v3_garbled"`` (535.98: v3 returns impossible pids);
 * ``"mig": {...}``: MIG mode on - utilization and remapped rows not
   supported, the whole GPU's process list needs privileges, each MIG
-  instance answers for itself.
+  instance answers for itself;
+* ``"xids": [{"after_s": 0.5, "code": 79}]``: Xid critical-error events the
+  NVML event set delivers (``nvmlEventSetWait_v2``) once that much time has
+  passed since ``nvmlInit``.
 
 ``build(state)`` returns a module to put in ``sys.modules["pynvml"]``; the
 ``shim/pynvml.py`` next to this file does the same in a subprocess from the
@@ -333,6 +336,46 @@ def build(state: dict[str, Any]) -> types.ModuleType:
 
     mod.nvmlDeviceGetGpuInstanceId = mig_field("nvmlDeviceGetGpuInstanceId", "gi")  # type: ignore[attr-defined]
     mod.nvmlDeviceGetComputeInstanceId = mig_field("nvmlDeviceGetComputeInstanceId", "ci")  # type: ignore[attr-defined]
+
+    class EventSet:
+        def __init__(self) -> None:
+            self.handles: list[Handle] = []
+            self.delivered: set[tuple[int, int]] = set()
+
+    def nvmlEventSetCreate() -> EventSet:
+        calls.append("nvmlEventSetCreate")
+        return EventSet()
+
+    def nvmlDeviceRegisterEvents(h: Handle, types: int, event_set: EventSet) -> None:
+        device_call("nvmlDeviceRegisterEvents", h)
+        assert types & real.nvmlEventTypeXidCriticalError
+        event_set.handles.append(h)
+
+    def nvmlEventSetWait_v2(event_set: EventSet, timeoutms: int) -> Any:
+        deadline = time.monotonic() + timeoutms / 1000.0
+        while True:
+            elapsed = time.monotonic() - started[0]
+            for h in event_set.handles:
+                for k, xid in enumerate(h.device.get("xids", [])):
+                    key = (h.index, k)
+                    if key not in event_set.delivered and elapsed >= xid.get("after_s", 0.0):
+                        event_set.delivered.add(key)
+                        return _Value(
+                            device=h,
+                            eventType=real.nvmlEventTypeXidCriticalError,
+                            eventData=xid["code"],
+                            gpuInstanceId=xid.get("gi", 0xFFFFFFFF),
+                            computeInstanceId=0xFFFFFFFF,
+                        )
+            if time.monotonic() >= deadline:
+                raise fail("Timeout")
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    def nvmlEventSetFree(event_set: EventSet) -> None:
+        calls.append("nvmlEventSetFree")
+
+    def nvmlDeviceGetIndex(h: Handle) -> int:
+        return h.index
 
     for name, fn in list(locals().items()):
         if name.startswith("nvml") and callable(fn):

@@ -54,7 +54,7 @@ def test_kernel_log_lines_logged_during_the_run_become_events(tmp_path: Path) ->
     path, follower = kmsg_file(tmp_path)
     events: list[RunEvent] = []
     watcher = XidWatcher(FakeBackend(), events.append, lambda: GPUS, kmsg=follower)  # type: ignore[arg-type]
-    assert watcher.source == "kernel log"
+    assert watcher.source == "kernel log+nvml"
     watcher.sample_once()
     assert events == []  # what was logged before the run is doctor's business
     append(
@@ -78,6 +78,35 @@ def test_kernel_log_lines_logged_during_the_run_become_events(tmp_path: Path) ->
         "pid": 2451,
         "detail": "pid=2451, name=python3, Contained: SM (0x1).",
     }
+    watcher.close()
+
+
+def test_an_xid_from_both_sources_is_recorded_once_with_the_kernel_line(tmp_path: Path) -> None:
+    path, follower = kmsg_file(tmp_path)
+    backend = FakeBackend()
+    now = [100.0]
+    events: list[RunEvent] = []
+    watcher = XidWatcher(
+        backend, events.append, lambda: GPUS, kmsg=follower, monotonic=lambda: now[0]  # type: ignore[arg-type]
+    )
+    backend.queued = [XidNotice(code=48, gpu_index=1)]  # NVML is quicker than the log
+    watcher.sample_once()
+    assert events == []  # held, waiting for the log's line
+    append(path, "NVRM: Xid (PCI:0000:41:00): 48, pid=7, name=python, DBE")
+    now[0] += 1.0
+    watcher.sample_once()
+    now[0] += 10.0
+    watcher.sample_once()
+    assert [(e.data["xid"], e.data["gpu"], e.data["source"]) for e in events] == [
+        (48, 1, "kernel log")
+    ]
+    # An NVML event the log never shows (another container's log, a filtered line)
+    # is recorded once it has waited long enough.
+    backend.queued = [XidNotice(code=79, gpu_index=0)]
+    watcher.sample_once()
+    now[0] += 5.0
+    watcher.sample_once()
+    assert [(e.data["xid"], e.data["source"]) for e in events[1:]] == [(79, "nvml")]
     watcher.close()
 
 
