@@ -87,7 +87,9 @@ def make_cuda() -> tuple[CudaSteps, FakeCuda, list[tuple[StepDraft, Any]]]:
 
 
 def draft(step: int, marker: Any) -> StepDraft:
-    return StepDraft(step, "train", "optimizer", 0.0, 1.0, 1.0, 0.0, 0, 0.0, 0.0, 1.0, 8, None, marker)
+    return StepDraft(
+        step, "train", "optimizer", 0.0, 1.0, 1.0, 0.0, 0, 0.0, 0.0, 1.0, 8, None, marker
+    )
 
 
 def test_nothing_cuda_side_happens_while_a_graph_is_captured() -> None:
@@ -196,7 +198,7 @@ def test_each_replay_of_a_captured_training_step_is_a_step(fake_torch: Any) -> N
 
 
 def test_the_optimizers_device_is_handed_to_the_cuda_part() -> None:
-    cuda, fake, _ = make_cuda()
+    cuda, _, _ = make_cuda()
     probe = make_probe(cuda)
     graphs.install_device_hook(torch, probe)
     try:
