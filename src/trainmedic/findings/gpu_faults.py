@@ -174,9 +174,12 @@ def mig_finding(s: GpuSample, when: str) -> Finding:
         blind.append("other tenants on it and when its memory is released")
     if "row remapping" in hidden:
         blind.append("pending memory repairs")
-    title = f"GPU {s.index} runs in MIG mode ({len(s.mig_devices)} instance(s) readable) {when}"
+    n = len(s.mig_devices)
+    title = f"GPU {s.index} is in MIG mode ({n} instance{'' if n == 1 else 's'} read)"
+    if when != "now":
+        title += f" {when}"
     if hidden:
-        title += f": NVML hides {', '.join(hidden)}"
+        title += f": NVML hides {_and(hidden)}"
     evidence: dict[str, Any] = {"mig_instances": instances, "hidden_readings": hidden}
     if s.processes_unreadable:
         evidence["processes_unreadable"] = s.processes_unreadable
@@ -188,7 +191,7 @@ def mig_finding(s: GpuSample, when: str) -> Finding:
         evidence=evidence,
         detail=(
             "A job on a MIG instance gets that slice of the GPU, not the whole GPU."
-            + (f" trainmedic cannot judge {', '.join(blind)}." if blind else "")
+            + (f" trainmedic cannot judge {_and(blind)}." if blind else "")
         ),
         fix=(
             "Nothing is wrong with MIG itself. To see per-instance load use DCGM's profiling "
@@ -224,3 +227,8 @@ def processes_unknown_finding(s: GpuSample, when: str) -> Finding:
         impact=None,
         subject=f"gpu{s.index}",
     )
+
+
+def _and(items: Sequence[str]) -> str:
+    """``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

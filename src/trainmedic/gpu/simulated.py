@@ -20,7 +20,7 @@ from typing import Any
 
 from trainmedic.errors import SimulationFileError
 from trainmedic.gpu.backend import XidNotice, XidWatch
-from trainmedic.gpu.faults import parse_xid_line
+from trainmedic.gpu.faults import GPU_AT_RE, parse_xid_line
 from trainmedic.gpu.types import (
     ClockEventReason,
     DriverInfo,
@@ -416,7 +416,9 @@ class _Parser:
                     raise self.fail(f"{where}.t", "expected seconds >= 0")
             else:
                 raise self.fail(where, 'expected a line or {"t": seconds, "line": ...}')
-            if not isinstance(line, str) or parse_xid_line(line) is None:
+            if not isinstance(line, str) or (
+                parse_xid_line(line) is None and GPU_AT_RE.search(line) is None
+            ):
                 raise self.fail(
                     where, 'expected an Xid line such as "NVRM: Xid (PCI:0000:3b:00): 79, ..."'
                 )
