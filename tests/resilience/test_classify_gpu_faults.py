@@ -83,6 +83,15 @@ def test_xid_154_follows_the_drivers_stated_recovery_action() -> None:
     assert "Drain the node" in classification_to_finding(c).fix
 
 
+def test_an_xid_on_a_gpu_the_attempt_could_not_see_is_not_its_failure() -> None:
+    other = "NVRM: Xid (PCI:0000:c1:00): 79, pid=9, name=python3, GPU has fallen off the bus."
+    launch = "RuntimeError: CUDA error: unspecified launch failure"
+    c = classify_failure(evidence(other, stderr=launch, visible_devices="0,1"))
+    assert c.failure_class is FailureClass.CUDA_ERROR and c.category is not Category.HARDWARE_FAULT
+    seen = classify_failure(evidence(other, stderr=launch, visible_devices="2,3"))
+    assert seen.category is Category.HARDWARE_FAULT and str(seen.gpu) == "gpu3"
+
+
 def test_the_most_serious_xid_wins() -> None:
     c = classify_failure(evidence(MIG_XID_94, XID_95))
     assert c.details["xid"] == 95

@@ -43,7 +43,7 @@ from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuRef as GpuRef
 from trainmedic.gpu.types import GpuSample
 from trainmedic.gpu.types import normalize_pci_bus_id as normalize_pci_bus_id
-from trainmedic.gpu.visible import nvml_gpu_for_cuda_device
+from trainmedic.gpu.visible import nvml_gpu_for_cuda_device, visible_entries
 from trainmedic.resilience.errorfile import ErrorReport, is_user_code
 
 STDERR_TAIL_LINES = 200
@@ -667,10 +667,14 @@ def _is_hardware_xid(event: faults.XidEvent) -> bool:
 def _hardware_evidence(evidence: FailureEvidence, lines: Sequence[str]) -> _Hardware | None:
     """Hardware Xids in the kernel log (or stderr), or faults the GPU sampler saw."""
     found: list[tuple[faults.XidEvent, str]] = []
+    visible = _visible_buses(evidence)
     for line in [*evidence.kernel_log, *lines]:
         event = faults.parse_xid_line(line)
-        if event is not None and _is_hardware_xid(event):
-            found.append((event, line.strip()[:MAX_LINE_CHARS]))
+        if event is None or not _is_hardware_xid(event):
+            continue
+        if visible is not None and event.pci_bus_id is not None and event.pci_bus_id not in visible:
+            continue  # a GPU the attempt could not see: not its failure
+        found.append((event, line.strip()[:MAX_LINE_CHARS]))
     if found:
         # The most serious wins; among equals, the earliest.
         event, text = max(found, key=lambda f: _XID_RANK.get(f[0].verdict.action, 0))
@@ -682,6 +686,23 @@ def _hardware_evidence(evidence: FailureEvidence, lines: Sequence[str]) -> _Hard
         fault = evidence.gpu_faults[0]
         return _Hardware(gpu=fault.gpu, xid=None, lines=(), reason=fault.reason)
     return None
+
+
+def _visible_buses(evidence: FailureEvidence) -> set[str] | None:
+    """PCI bus ids of the GPUs the attempt could see; ``None`` when that cannot be told."""
+    if evidence.visible_devices is None or not evidence.gpus:
+        return None
+    env = {"CUDA_VISIBLE_DEVICES": evidence.visible_devices}
+    if evidence.device_order is not None:
+        env["CUDA_DEVICE_ORDER"] = evidence.device_order
+    count = len(visible_entries(env) or [])
+    buses = set()
+    for ordinal in range(count):
+        found = nvml_gpu_for_cuda_device(ordinal, env, evidence.gpus)
+        if found is None or found.pci_bus_id is None:
+            return None
+        buses.add(found.pci_bus_id)
+    return buses
 
 
 def _resolve_gpu(ref: GpuRef, gpus: Sequence[GpuSample]) -> GpuRef | None:
