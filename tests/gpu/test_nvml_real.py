@@ -175,14 +175,16 @@ def _smi(fields: list[str]) -> list[list[str]] | None:
 def test_nvml_readings_match_nvidia_smi(backend: GpuBackend) -> None:
     base = ["index", "pci.bus_id", "power.draw", "clocks.sm", "pcie.link.gen.current"]
     rows = None
+    # Readings change from moment to moment: NVML is read just before and just after
+    # nvidia-smi, and each of nvidia-smi's values must match one of the two.
+    before = {s.index: s for s in sample_all(backend)}
     for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
         rows = _smi([*base, reasons])
         if rows is not None:
             break
+    after = {s.index: s for s in sample_all(backend)}
     if rows is None:
         pytest.skip("nvidia-smi is not available or does not know these fields")
-    before = {s.index: s for s in sample_all(backend)}
-    after = {s.index: s for s in sample_all(backend)}
     for index, bus, power, sm, gen, active in rows:
         i = int(index)
         pair = (before[i], after[i])

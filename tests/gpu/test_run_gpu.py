@@ -19,7 +19,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 def test_run_records_gpu_readings_and_step_gpu_time(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    job = [sys.executable, str(SCRIPTS / "cuda_loop.py"), "300", "sync"]
+    # GPU-bound for a few seconds, so the 1 s GPU sampler sees it busy.
+    job = [sys.executable, str(SCRIPTS / "cuda_loop.py"), "4000", "sync"]
     done = subprocess.run(
         [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
          "--", *job],
