@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from trainmedic.diagnose.hardware import hardware_faults
+from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.thermal import throttling
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
@@ -194,3 +195,30 @@ def test_doctor_and_diagnosis_agree_on_every_clock_reason(load: str) -> None:
         assert d.severity == r.severity == Severity(rule.level), (load, hex(mask))
         assert d.evidence["active_reasons"] == r.evidence["reasons"], (load, hex(mask))
         assert d.detail == r.detail
+
+
+# ------------------------------------------------------------------------- out of memory
+
+OOM_MESSAGES = {
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+    "total capacity of 79.15 GiB of which 1.38 GiB is free.": True,
+    "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB": True,
+    "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 1; 15.78 GiB total "
+    "capacity; 14.21 GiB already allocated; 3.44 MiB free; 14.38 GiB reserved in total by "
+    "PyTorch)": True,
+    "RuntimeError: CUDA error: out of memory": True,
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(h)`": True,
+    "MemoryError": False,
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough "
+    "memory: you tried to allocate 1073741824 bytes.": False,
+    "ValueError: the model ran out of patience": False,
+}
+
+
+@pytest.mark.parametrize(("message", "oom"), sorted(OOM_MESSAGES.items()))
+def test_diagnosis_and_classifier_agree_on_out_of_memory_messages(message: str, oom: bool) -> None:
+    record = make_record(make_steps(20), events=[make_event("exception", message)])
+    diagnosed = [f.id for f in memory_pressure(RunView.of(record), Thresholds())]
+    classified = classify_failure(FailureEvidence.from_stderr_text(1, message))
+    assert (diagnosed == ["memory.oom"]) is oom
+    assert (classified.failure_class is FailureClass.CUDA_OOM) is oom
