@@ -214,9 +214,9 @@ class SimulatedBackend:
         out: list[XidNotice] = []
         n = after
         while n < len(self._kernel_log) and self._kernel_log[n][0] <= elapsed:
-            _, index, line = self._kernel_log[n]
+            t, index, line = self._kernel_log[n]
             event = parse_xid_line(line)
-            if event is not None:
+            if event is not None and t >= 0:  # lines from before the start are history
                 out.append(XidNotice(event.code, index, line, event.gpu_instance))
             n += 1
         return n, out
@@ -409,7 +409,7 @@ class _Parser:
             where = f"{at}[{k}]"
             line: Any
             if isinstance(entry, str):
-                t, line = 0.0, entry
+                t, line = -1.0, entry  # logged before the backend started
             elif isinstance(entry, dict) and set(entry) <= {"t", "line"}:
                 t, line = entry.get("t", 0.0), entry.get("line")
                 if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:

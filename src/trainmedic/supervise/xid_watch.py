@@ -67,6 +67,7 @@ class XidWatcher:
         self._held: list[tuple[float, XidNotice]] = []  # NVML events awaiting the log's line
         self._logged: list[tuple[float, int, int | None]] = []  # (when, code, gpu) from the log
         self.recorded = 0
+        self._line_source = "simulated kernel log" if backend.kind == "simulated" else "kernel log"
         if backend.kind == "nvml":
             follower = kmsg if kmsg is not None else KmsgFollower()
             if follower.opened:
@@ -139,7 +140,7 @@ class XidWatcher:
             return
         event = parse_xid_line(line)
         if event is not None:
-            index = self._emit(event, index, event.line, "kernel log")
+            index = self._emit(event, index, event.line, self._line_source)
             self._logged.append((self._monotonic(), event.code, index))
 
     def _emit(self, event: XidEvent, index: int | None, message: str, source: str) -> int | None:
