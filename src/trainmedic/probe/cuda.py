@@ -128,7 +128,8 @@ class CudaSteps:
         if not self._part.on:
             return False
         if not self._ready:
-            if not self._cuda.is_initialized():
+            # Not during a capture either: on_ready asks CUDA about the devices.
+            if not self._cuda.is_initialized() or self.capturing():
                 return False
             self._ready = True
             self._on_ready()
