@@ -9,7 +9,6 @@ the injected clock, so a whole run can be replayed.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainmedic import jsonfile
 from trainmedic.errors import SimulationFileError
 from trainmedic.gpu.types import (
     ClockEventReason,
@@ -180,21 +180,22 @@ class SimulatedBackend:
 _MISSING: Any = object()
 
 
+SIMULATION_MAX_BYTES = 16 * 1024 * 1024
+"""Largest simulation file read, bytes (the bundled ones are a few KiB)."""
+
+
 def load_simulation_json(path: str | Path) -> dict[str, Any]:
-    """Read and parse a simulation file; errors name the file."""
-    p = Path(path)
+    """Read and parse a simulation file (at most 16 MiB, nesting at most 64 deep);
+    errors name the file."""
     try:
-        text = p.read_text(encoding="utf-8")
+        data = jsonfile.read_json(path, max_bytes=SIMULATION_MAX_BYTES)
     except FileNotFoundError:
         raise SimulationFileError(str(path), None, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimulationFileError(str(path), None, f"cannot be read ({exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SimulationFileError(
-            str(path), None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+        raise SimulationFileError(str(path), None, problem) from None
+    except ValueError as exc:
+        raise SimulationFileError(str(path), None, jsonfile.describe(exc)) from None
     if not isinstance(data, dict):
         raise SimulationFileError(str(path), None, "expected a JSON object at the top level")
     return data
