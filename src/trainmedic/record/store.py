@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import statistics
 import threading
 from collections import deque
@@ -23,9 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from trainmedic import jsonfile
 from trainmedic.errors import RunDirectoryError
 from trainmedic.gpu.types import GpuSample
+from trainmedic.ostext import printable
 from trainmedic.record import codec
+from trainmedic.record.guard import RecordGuard
 from trainmedic.record.types import (
     HostSample,
     LoaderActivity,
@@ -56,6 +60,12 @@ LINE_FILES = (
 )
 # Event kind the writer adds at close when a cap made it drop records.
 CAPPED_EVENT = "record_capped"
+
+MAX_META_BYTES = 16 * 1024 * 1024
+"""Largest meta.json read back, bytes (trainmedic writes a few KiB)."""
+MAX_RECORD_FILE_BYTES = 4 * 1024**3
+"""Largest JSON-lines file of a record read back, bytes (the writer's caps keep
+a month-long run far below)."""
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
@@ -276,7 +286,7 @@ def _dumps(obj: Mapping[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n"
 
 
-def _open_private(path: Path) -> IO[str]:
+def _open_private(path: Path) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _FILE_MODE)
     try:
         # O_CREAT's mode is only used for new files; an existing one is tightened.
@@ -285,7 +295,47 @@ def _open_private(path: Path) -> IO[str]:
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "a", buffering=_BUFFER_BYTES, encoding="utf-8")
+    return fd
+
+
+class _LineFile:
+    """One JSON-lines file of the record: lines buffered, written through the guard.
+
+    Nothing but whole lines is handed to the guard, and after a failed write
+    nothing more is written, so the file ends at most with one cut line (which
+    the loader skips).
+    """
+
+    def __init__(self, fd: int, name: str, guard: RecordGuard) -> None:
+        self.fd = fd
+        self.name = name
+        self._guard = guard
+        self._buffer = bytearray()
+        self._lines = 0
+
+    def write(self, line: str) -> None:
+        # A lone surrogate (an undecodable byte of a path) becomes a JSON \udcXX escape.
+        self._buffer += line.encode("utf-8", "backslashreplace")
+        self._lines += 1
+        if len(self._buffer) >= _BUFFER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        data, lines = bytes(self._buffer), self._lines
+        self._buffer.clear()
+        self._lines = 0
+        self._guard.write_all(self.fd, data, self.name, lines=lines)
+
+    def sync(self) -> None:
+        self.flush()
+        if not self._guard.tripped:
+            self._guard.attempt(self.name, lambda: os.fsync(self.fd))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def _drop_partial_line(fd: int) -> None:
@@ -323,12 +373,22 @@ class RunRecordWriter:
     lose at most what was not flushed) and :meth:`close` at the end. Records
     added after :meth:`close` are ignored, so a sampler thread finishing late
     cannot break the shutdown. :meth:`write_meta` works at any time.
+
+    Appends never raise for the run directory: every line goes through
+    ``guard`` (:class:`~trainmedic.record.guard.RecordGuard`), whose first
+    failed write (a full disk) stops the recording and counts what is lost.
     """
 
-    def __init__(self, run_dir: Path, retention: RetentionPolicy | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        retention: RetentionPolicy | None = None,
+        guard: RecordGuard | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.retention = retention or RetentionPolicy()
         self.counts = RecordCounts()
+        self.guard = guard or RecordGuard()
         if not self.run_dir.exists():
             self.run_dir.mkdir(mode=_DIR_MODE, parents=True)
             # mkdir's mode is filtered by the umask; make it exactly 0700.
@@ -337,10 +397,10 @@ class RunRecordWriter:
             raise RunDirectoryError(f"run directory {self.run_dir} exists and is not a directory")
         self._lock = threading.RLock()
         self._closed = False
-        self._files: dict[str, IO[str]] = {}
+        self._files: dict[str, _LineFile] = {}
         try:
             for name in LINE_FILES:
-                self._files[name] = _open_private(self.run_dir / name)
+                self._files[name] = _LineFile(_open_private(self.run_dir / name), name, self.guard)
         except OSError as exc:
             self._close_files()
             raise RunDirectoryError(
@@ -363,18 +423,26 @@ class RunRecordWriter:
     # --- meta ------------------------------------------------------------------------
 
     def write_meta(self, meta: RunMeta) -> None:
-        """Replace meta.json atomically (temp file, fsync, rename, fsync of the directory)."""
+        """Replace meta.json atomically (temp file, fsync, rename, fsync of the directory).
+
+        Raises:
+            OSError: it could not be written (the earlier meta.json stays).
+        """
         # ``default=str`` keeps an odd value in ``environment`` from failing the run.
         data = json.dumps(codec.encode_meta(meta), indent=2, ensure_ascii=False, default=str)
+        raw = (data + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
             tmp = self.run_dir / f".{META_FILE}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    os.fchmod(f.fileno(), _FILE_MODE)
-                    f.write(data + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+                try:
+                    os.fchmod(fd, _FILE_MODE)
+                    view = memoryview(raw)
+                    while view:
+                        view = view[self.guard.write(fd, view) :]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 os.replace(tmp, self.run_dir / META_FILE)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -511,7 +579,7 @@ class RunRecordWriter:
             if self._closed:
                 return
             line = _dumps(codec.encode_loader_activity(a))
-            size = len(line.encode("utf-8"))
+            size = len(line.encode("utf-8", "backslashreplace"))
             policy = self.retention
             if (
                 self._loader_activity >= policy.max_loader_activity
@@ -528,7 +596,7 @@ class RunRecordWriter:
             if self._closed:
                 return
             line = self._event_line(e)
-            size = len(line.encode("utf-8"))
+            size = len(line.encode("utf-8", "backslashreplace"))
             policy = self.retention
             if (
                 self._events >= policy.max_events
@@ -560,7 +628,8 @@ class RunRecordWriter:
 
     def close(self) -> None:
         """Write the open windows and a ``record_capped`` event if a cap dropped
-        records, then flush, fsync and close the files. Idempotent."""
+        records, then flush, fsync and close the files. Idempotent, and never
+        raises for the run directory: a failed write trips :attr:`guard`."""
         with self._lock:
             if self._closed:
                 return
@@ -572,8 +641,7 @@ class RunRecordWriter:
                     # Past the event caps on purpose: this one says what the caps cost.
                     self._files[EVENTS_FILE].write(self._event_line(self._capped_event()))
                 for f in self._files.values():
-                    f.flush()
-                    os.fsync(f.fileno())
+                    f.sync()
             finally:
                 self._closed = True
                 self._close_files()
@@ -605,8 +673,7 @@ class RunRecordWriter:
 
     def _close_files(self) -> None:
         for f in self._files.values():
-            with contextlib.suppress(OSError):
-                f.close()
+            f.close()
 
 
 def _increased(before: int | None, now: int | None) -> bool:
@@ -671,15 +738,26 @@ def load_run_record(run_dir: Path) -> RunRecord:
             meta.json or a line is malformed (the message names file and line).
     """
     run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise RunDirectoryError(f"run directory {run_dir} does not exist")
-    if not run_dir.is_dir():
-        raise RunDirectoryError(f"{run_dir} is not a directory")
-    meta_path = run_dir / META_FILE
-    if not meta_path.is_file():
-        raise RunDirectoryError(f"{run_dir} is not a run directory (no {META_FILE})")
+    shown = printable(str(run_dir))
     try:
-        meta_obj = json.loads(meta_path.read_text(encoding="utf-8"))
+        st = run_dir.stat()
+    except FileNotFoundError:
+        raise RunDirectoryError(f"run directory {shown} does not exist") from None
+    except OSError as exc:
+        raise RunDirectoryError(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunDirectoryError(f"{shown} is not a directory")
+    meta_path = run_dir / META_FILE
+    try:
+        meta_st = meta_path.stat()
+    except FileNotFoundError:
+        raise RunDirectoryError(f"{shown} is not a run directory (no {META_FILE})") from None
+    except OSError as exc:
+        raise RunDirectoryError(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(meta_st.st_mode):
+        raise RunDirectoryError(f"{shown} is not a run directory ({META_FILE} is a directory)")
+    try:
+        meta_obj = jsonfile.read_json(meta_path, max_bytes=MAX_META_BYTES)
         meta = codec.decode_meta(_object(meta_obj))
     except OSError as exc:
         raise RunDirectoryError(f"cannot read {meta_path}: {exc.strerror or exc}") from exc
@@ -703,7 +781,12 @@ def load_run_record(run_dir: Path) -> RunRecord:
 
 
 def _read_lines(path: Path, decode: Callable[[Mapping[str, Any]], T]) -> list[T]:
-    """Decode every line of a JSON-lines file; a missing file reads as empty."""
+    """Decode every line of a JSON-lines file; a missing file reads as empty.
+
+    A file over :data:`MAX_RECORD_FILE_BYTES` or a line over
+    :data:`~trainmedic.jsonfile.MAX_LINE_BYTES` is refused (whatever sits in
+    the directory under a record's name, ``/dev/zero`` included).
+    """
     out: list[T] = []
     try:
         f = path.open("rb")
@@ -712,26 +795,52 @@ def _read_lines(path: Path, decode: Callable[[Mapping[str, Any]], T]) -> list[T]
     except OSError as exc:
         raise RunDirectoryError(f"cannot read {path}: {exc.strerror or exc}") from exc
     with f:
-        for number, raw, is_last in _numbered_lines(f):
-            if not raw.strip():
-                continue
-            try:
-                out.append(decode(_object(json.loads(raw.decode("utf-8")))))
-            except (ValueError, KeyError, TypeError) as exc:
-                if is_last and not raw.endswith(b"\n"):
-                    # A crash while appending leaves the last line cut short.
-                    break
+        try:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_RECORD_FILE_BYTES:
                 raise RunDirectoryError(
-                    f"{path}:{number}: malformed record: {_reason(exc)}"
-                ) from exc
+                    f"{path}: larger than {jsonfile.size_text(MAX_RECORD_FILE_BYTES)} "
+                    f"({jsonfile.size_text(size)}); not a record trainmedic wrote"
+                )
+            for number, raw, is_last in _numbered_lines(f):
+                if not raw.strip():
+                    continue
+                try:
+                    out.append(decode(_object(jsonfile.loads(raw))))
+                except (ValueError, KeyError, TypeError) as exc:
+                    if is_last and not raw.endswith(b"\n"):
+                        # A crash while appending leaves the last line cut short.
+                        break
+                    raise RunDirectoryError(
+                        f"{path}:{number}: malformed record: {_reason(exc)}"
+                    ) from exc
+        except OSError as exc:
+            raise RunDirectoryError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return out
 
 
 def _numbered_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes, bool]]:
-    """(1-based number, line, whether it is the last line) for each line of ``f``."""
+    """(1-based number, line, whether it is the last line) for each line of ``f``.
+
+    Raises:
+        RunDirectoryError: a line is longer than ``MAX_LINE_BYTES``, or the
+            file (a pipe or device under a record's name) yields more than
+            ``MAX_RECORD_FILE_BYTES``.
+    """
+    limit = jsonfile.MAX_LINE_BYTES
     number = 0
+    total = 0
     previous: bytes | None = None
-    for line in f:
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            break
+        total += len(line)
+        if len(line) > limit or total > MAX_RECORD_FILE_BYTES:
+            what = f"line {number + 1} is longer than {jsonfile.size_text(limit)}"
+            if len(line) <= limit:
+                what = f"more than {jsonfile.size_text(MAX_RECORD_FILE_BYTES)}"
+            raise RunDirectoryError(f"{f.name!s}: {what}; not a record trainmedic wrote")
         if previous is not None:
             yield number, previous, False
         number += 1
@@ -747,6 +856,8 @@ def _object(value: Any) -> Mapping[str, Any]:
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, jsonfile.JsonLimitError)):
+        return jsonfile.describe(exc)
     if isinstance(exc, KeyError):
         return f"missing field {exc.args[0]!r}"
     return " ".join(str(exc).split())
