@@ -98,8 +98,6 @@ def run(
     resolve_command(argv[0], os.environ)
     run_dir = Path(out) if out else default_run_dir(argv)
     prepared = prepare_run_dir(run_dir)
-    if prepared.note:
-        _say(f"trainmedic: note: {prepared.note}")
     options = RunOptions(
         argv=argv,
         run_dir=run_dir,
@@ -114,9 +112,14 @@ def run(
     except BaseException:
         remove_unused(prepared)  # only what it created, and only when empty
         raise
-    findings = _diagnose_and_report(run_dir, outcome, write_html=not no_html)
+    # With the disk full, the few MB of report.html would only fail.
+    html = not no_html and outcome.record_loss is None
+    findings = _diagnose_and_report(run_dir, outcome, write_html=html)
+    if prepared.note:
+        _say(f"trainmedic: note: {prepared.note}")
     if outcome.record_loss is not None:
-        _say(f"trainmedic: warning: {outcome.record_loss.message(run_dir, outcome.started_at)}")
+        message = outcome.record_loss.message(run_dir, outcome.started_at)
+        _say(f"trainmedic: warning: {message}" + ("" if no_html else " (no report.html)"))
     if outcome.exit_status == 0 and findings is not None:
         return exit_code_for(findings, fail_on)
     return outcome.exit_status
