@@ -20,6 +20,7 @@ are :class:`ValueError`, so a caller's ``except (OSError, ValueError)`` holds.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -30,6 +31,9 @@ MAX_DEPTH = 64
 """Deepest nesting of arrays and objects accepted; trainmedic's own files use under 10."""
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 """Default size limit of a JSON document, bytes."""
+MAX_RECORD_NUMBER = 1e18
+"""Largest magnitude of a number in a run record (byte counts, seconds, rates all stay far
+below); see :func:`loads`."""
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Longest line of a JSON-lines file read back, bytes (trainmedic writes far shorter ones)."""
 _CHUNK = 1024 * 1024
@@ -106,8 +110,14 @@ def check_depth(data: bytes, max_depth: int = MAX_DEPTH) -> None:
             depth -= 1
 
 
-def loads(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
+def loads(
+    data: bytes | str, max_depth: int = MAX_DEPTH, *, max_number: float | None = None
+) -> Any:
     """Parse a JSON text (UTF-8 when bytes), refusing nesting past ``max_depth``.
+
+    With ``max_number``, a number of larger magnitude, ``NaN`` and
+    ``Infinity`` read as ``null``: a measurement no machine produces is a
+    missing one (and never an ``OverflowError`` in the arithmetic after).
 
     Raises:
         UnicodeDecodeError, json.JSONDecodeError, JsonLimitError (all ValueError).
@@ -116,9 +126,23 @@ def loads(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
     check_depth(raw, max_depth)
     text = data if isinstance(data, str) else data.decode("utf-8")
     try:
-        return json.loads(text)
+        if max_number is None:
+            return json.loads(text)
+        return _bounded_decoder(max_number).decode(text)
     except RecursionError:  # the scan is exact for valid JSON; this is the backstop
         raise JsonLimitError(f"nested deeper than {max_depth} levels") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _bounded_decoder(limit: float) -> json.JSONDecoder:
+    def number(value: float | int) -> float | int | None:
+        return value if -limit <= value <= limit else None  # NaN compares False
+
+    return json.JSONDecoder(
+        parse_float=lambda s: number(float(s)),
+        parse_int=lambda s: number(int(s)),
+        parse_constant=lambda _name: None,
+    )
 
 
 def read_json(

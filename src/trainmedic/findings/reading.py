@@ -36,7 +36,8 @@ def read_findings_document(path: str | os.PathLike[str]) -> FindingsDocument:
     """
     shown = os.fsdecode(path)
     try:
-        data = jsonfile.read_json(path, max_bytes=MAX_FINDINGS_BYTES)
+        raw = jsonfile.read_limited(path, MAX_FINDINGS_BYTES)
+        data = jsonfile.loads(raw, max_number=jsonfile.MAX_RECORD_NUMBER)
     except OSError as exc:
         raise RunDirectoryError(f"cannot read {shown}: {exc.strerror or exc}") from None
     except ValueError as exc:
@@ -104,11 +105,9 @@ def _finding(data: Any, where: str) -> Finding:
 
 
 def _number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= jsonfile.MAX_RECORD_NUMBER and math.isfinite(value)
 
 
 def _kind(value: Any) -> str:

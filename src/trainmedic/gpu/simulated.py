@@ -184,6 +184,13 @@ SIMULATION_MAX_BYTES = 16 * 1024 * 1024
 """Largest simulation file read, bytes (the bundled ones are a few KiB)."""
 
 
+def _finite(value: float) -> bool:
+    """A number a reading can hold: finite, and an integer no larger than NVML's 64 bits."""
+    if isinstance(value, int):
+        return abs(value) <= 2**64
+    return math.isfinite(value)
+
+
 def load_simulation_json(path: str | Path) -> dict[str, Any]:
     """Read and parse a simulation file (at most 16 MiB, nesting at most 64 deep);
     errors name the file."""
@@ -277,7 +284,7 @@ class _Parser:
             if not isinstance(entry, dict):
                 raise self.fail(at, "expected an object")
             t = entry.get("t")
-            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0 or not _finite(t):
                 raise self.fail(f"{at}.t", "expected seconds >= 0")
             if t < last_t:
                 raise self.fail(f"{at}.t", "series entries must be in time order")
@@ -328,8 +335,8 @@ class _Parser:
             raise self.fail(at, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
-        if not math.isfinite(value):
-            raise self.fail(at, "must be a finite number")
+        if not _finite(value):
+            raise self.fail(at, "must be a finite number (at most 2**64)")
         if value < 0:
             raise self.fail(at, "must not be negative")
         if at.endswith("_pct") and value > 100:

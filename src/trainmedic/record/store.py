@@ -757,7 +757,8 @@ def load_run_record(run_dir: Path) -> RunRecord:
     if stat.S_ISDIR(meta_st.st_mode):
         raise RunDirectoryError(f"{shown} is not a run directory ({META_FILE} is a directory)")
     try:
-        meta_obj = jsonfile.read_json(meta_path, max_bytes=MAX_META_BYTES)
+        raw = jsonfile.read_limited(meta_path, MAX_META_BYTES)
+        meta_obj = jsonfile.loads(raw, max_number=jsonfile.MAX_RECORD_NUMBER)
         meta = codec.decode_meta(_object(meta_obj))
     except OSError as exc:
         raise RunDirectoryError(f"cannot read {meta_path}: {exc.strerror or exc}") from exc
@@ -806,7 +807,8 @@ def _read_lines(path: Path, decode: Callable[[Mapping[str, Any]], T]) -> list[T]
                 if not raw.strip():
                     continue
                 try:
-                    out.append(decode(_object(jsonfile.loads(raw))))
+                    obj = jsonfile.loads(raw, max_number=jsonfile.MAX_RECORD_NUMBER)
+                    out.append(decode(_object(obj)))
                 except (ValueError, KeyError, TypeError) as exc:
                     if is_last and not raw.endswith(b"\n"):
                         # A crash while appending leaves the last line cut short.
