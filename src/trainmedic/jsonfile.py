@@ -20,10 +20,12 @@ are :class:`ValueError`, so a caller's ``except (OSError, ValueError)`` holds.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import re
+import select
 import stat
 from typing import Any
 
@@ -36,6 +38,8 @@ MAX_RECORD_NUMBER = 1e18
 below); see :func:`loads`."""
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Longest line of a JSON-lines file read back, bytes (trainmedic writes far shorter ones)."""
+FIFO_WAIT_S = 10.0
+"""How long a FIFO given as a file may stay silent before reading it fails, seconds."""
 _CHUNK = 1024 * 1024
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
@@ -53,21 +57,30 @@ def size_text(n: int) -> str:
     return f"{n} bytes"
 
 
-def read_limited(path: str | os.PathLike[str] | bytes, max_bytes: int) -> bytes:
+def read_limited(
+    path: str | os.PathLike[str] | bytes, max_bytes: int, fifo_wait_s: float = FIFO_WAIT_S
+) -> bytes:
     """The contents of ``path``, refused past ``max_bytes``.
 
     Works on regular files, pipes and devices alike (``/dev/zero`` fails after
-    ``max_bytes``); a directory raises :class:`IsADirectoryError`.
+    ``max_bytes``; ``<(generate)`` works); a directory raises
+    :class:`IsADirectoryError`, and a FIFO nobody writes to within
+    ``fifo_wait_s`` seconds raises :class:`TimeoutError` instead of waiting
+    forever.
 
     Raises:
         OSError: the file cannot be opened or read.
         JsonLimitError: it holds more than ``max_bytes`` bytes.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # Non-blocking open: a FIFO without a writer would block the open itself.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))
+        if stat.S_ISFIFO(st.st_mode):
+            _await_writer(fd, fifo_wait_s)
+        os.set_blocking(fd, True)
         if stat.S_ISREG(st.st_mode) and st.st_size > max_bytes:
             raise JsonLimitError(
                 f"larger than {size_text(max_bytes)} ({size_text(st.st_size)}); "
@@ -89,6 +102,15 @@ def read_limited(path: str | os.PathLike[str] | bytes, max_bytes: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _await_writer(fd: int, wait_s: float) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if not poller.poll(max(0.0, wait_s) * 1000):
+        raise TimeoutError(
+            errno.ETIMEDOUT, f"a FIFO nothing was written to within {wait_s:g} s"
+        )
 
 
 def check_depth(data: bytes, max_depth: int = MAX_DEPTH) -> None:

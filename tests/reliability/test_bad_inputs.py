@@ -252,3 +252,23 @@ def test_out_pointing_at_a_file_is_one_line(tmp_path: Path) -> None:
     got = trainmedic("run", "--out", target, "--", *python_job("pass"))
     assert_one_line_error(got)
     assert target.read_text() == "mine"
+
+
+def test_out_as_a_dangling_symlink_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "missing")
+    got = trainmedic("run", "--out", tmp_path / "link", "--", *python_job("pass"))
+    assert "does not exist" in assert_one_line_error(got)
+    assert listing(tmp_path) == ["link"]
+
+
+def test_an_empty_run_dir_for_report_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "empty" in assert_one_line(*cli(capsys, "report", ""))
+
+
+def test_a_fifo_output_nobody_reads_fails_instead_of_waiting(tmp_path: Path) -> None:
+    from trainmedic.cli.outputs import _open_stream
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="nothing read from the FIFO"):
+        _open_stream(fifo, wait_s=0.1)

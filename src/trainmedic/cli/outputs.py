@@ -25,9 +25,11 @@ earlier one was.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import IO
 
 from trainmedic import jsonfile
 from trainmedic.errors import InputError, UsageError
+from trainmedic.jsonfile import FIFO_WAIT_S
 from trainmedic.ostext import path_problem, printable
 
 HTML_MARK = b'<meta name="generator" content="trainmedic">'
@@ -207,7 +210,8 @@ def write_output(output: Output, produce: Callable[[IO[str]], object]) -> None:
     """
     try:
         if output.stream:
-            with open(output.target, "w", encoding="utf-8", errors="backslashreplace") as f:
+            fd = _open_stream(output.target)
+            with open(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
                 produce(f)
             return
         _replace(output.target, produce)
@@ -215,6 +219,25 @@ def write_output(output: Output, produce: Callable[[IO[str]], object]) -> None:
         raise InputError(
             f"{output.flag} {printable(str(output.path))}: cannot write: {exc.strerror or exc}"
         ) from None
+
+
+def _open_stream(target: Path, wait_s: float = FIFO_WAIT_S) -> int:
+    """Open a device or FIFO for writing; a FIFO nobody reads fails after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: a FIFO without a reader yet
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(
+                    errno.ENXIO, f"nothing read from the FIFO within {wait_s:g} s"
+                ) from None
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        return fd
 
 
 def _replace(target: Path, produce: Callable[[IO[str]], object]) -> None:

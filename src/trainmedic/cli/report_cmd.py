@@ -63,6 +63,8 @@ def report(
     'trainmedic run'), and optionally export it as JSON, HTML or a trace."""
     from trainmedic.record.store import load_run_record
 
+    if not run_dir:
+        raise InputError("RUN_DIR is empty (give the run directory 'trainmedic run' wrote)")
     problem = path_problem(run_dir)
     if problem:
         raise InputError(f"run directory {printable(run_dir)}: {problem}")

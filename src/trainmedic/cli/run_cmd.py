@@ -114,7 +114,15 @@ def run(
         raise
     # With the disk full, the few MB of report.html would only fail.
     html = not no_html and outcome.record_loss is None
-    findings = _diagnose_and_report(run_dir, outcome, write_html=html)
+    try:
+        findings = _diagnose_and_report(run_dir, outcome, write_html=html)
+    except KeyboardInterrupt:
+        # The job has ended: a Ctrl-C now stops the report, never changes the job's status.
+        _say(
+            f"trainmedic: interrupted: the report was not finished "
+            f"(see it with 'trainmedic report {printable(str(run_dir))}')"
+        )
+        return outcome.exit_status
     if prepared.note:
         _say(f"trainmedic: note: {prepared.note}")
     if outcome.record_loss is not None:

@@ -99,6 +99,11 @@ def check_run_dir(path: Path) -> None:
     try:
         st = path.stat()
     except FileNotFoundError:
+        if path.is_symlink():
+            raise RunDirectoryError(
+                f"--out {shown}: is a symbolic link to {printable(os.readlink(path))}, "
+                "which does not exist"
+            ) from None
         return
     except OSError as exc:
         raise RunDirectoryError(f"--out {shown}: {exc.strerror or exc}") from None
