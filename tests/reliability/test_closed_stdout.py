@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -49,10 +50,15 @@ def test_head_closes_the_pipe_and_the_job_runs_to_completion(
         stderr=subprocess.STDOUT if merged else subprocess.PIPE,
     )
     assert proc.stdout is not None
-    head = [proc.stdout.readline() for _ in range(2)]
-    proc.stdout.close()  # what `head -2` does after its two lines
-    go.touch()
-    _, err = proc.communicate(timeout=120)
+    try:
+        head = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()  # what `head -2` does after its two lines
+        go.touch()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            go.touch()  # the job's wait ends too
     assert head == [b"line 0\n", b"line 1\n"]
     assert proc.returncode == 0, err
     log = (run_dir / ("output.log" if merged else "stdout.log")).read_bytes()
@@ -99,3 +105,23 @@ def test_a_lost_peer_is_still_a_distributed_error() -> None:
     """  # noqa: E501
     c = classify_failure(FailureEvidence.from_stderr_text(1, textwrap.dedent(stderr).strip()))
     assert c.category is Category.NETWORK
+
+
+@pytest.mark.parametrize("fd", [0, 1, 2])
+def test_a_closed_standard_descriptor_never_lands_in_the_record(tmp_path: Path, fd: int) -> None:
+    # `trainmedic run ... >&-`: were fd 1 left closed, the first record file
+    # opened would get it, and the job's output would be written into it.
+    run_dir = tmp_path / "run"
+    code = "import sys; print('out'); print('err', file=sys.stderr)"
+    argv = [*TRAINMEDIC, "run", "-q", "--no-html", "--out", str(run_dir)]
+    argv += ["--", sys.executable, "-c", code]
+    got = subprocess.run(
+        argv, capture_output=fd != 1, preexec_fn=lambda: os.close(fd), timeout=120, check=False
+    )
+    assert got.returncode == 0
+    assert (run_dir / "stdout.log").read_bytes() == b"out\n"
+    assert (run_dir / "stderr.log").read_bytes() == b"err\n"
+    for name in ("steps.jsonl", "events.jsonl", "gpu.jsonl"):
+        text = (run_dir / name).read_text()
+        assert all(line.startswith("{") for line in text.splitlines()), (name, text)
+    assert json.loads((run_dir / "findings.json").read_text())["tool"] == "run"

@@ -58,6 +58,7 @@ _register()
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _open_std_fds()
     _tolerant_stdio()
     try:
         result = cli.main(args=args, prog_name="trainmedic", standalone_mode=False)
@@ -120,6 +121,30 @@ def _usage_message(exc: click.UsageError) -> str:
         hint = f" (did you mean {best[0]}?)" if best else ""
         return f"no such option {exc.option_name}{hint}"
     return exc.format_message()
+
+
+def _open_std_fds() -> None:
+    """Open /dev/null on a standard descriptor the caller closed (``>&-``).
+
+    Otherwise the next file trainmedic opens (a record file) would get that
+    number, and what is meant for stdout would be written into the record.
+    """
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            mode = "r" if fd == 0 else "w"
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))  # noqa: SIM115
 
 
 def _tolerant_stdio() -> None:
