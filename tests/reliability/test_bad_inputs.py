@@ -272,3 +272,11 @@ def test_a_fifo_output_nobody_reads_fails_instead_of_waiting(tmp_path: Path) -> 
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="nothing read from the FIFO"):
         _open_stream(fifo, wait_s=0.1)
+
+
+@pytest.mark.parametrize("option", ["--backoff", "--grace", "--timeout", "--time-budget"])
+def test_a_duration_past_a_year_is_a_usage_error(tmp_path: Path, option: str) -> None:
+    # 1e300 s overflowed the backoff's timer after the first attempt.
+    got = trainmedic("run", option, "1e300", "--", *python_job("pass"), cwd=tmp_path)
+    assert "at most" in assert_one_line_error(got)
+    assert listing(tmp_path) == []
