@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 import warnings
@@ -165,8 +166,6 @@ def test_a_run_directory_it_may_not_read_is_one_line(tmp_path: Path, what: str) 
     target = run_dir if what == "directory" else run_dir / "meta.json"
     os.chmod(target, 0)
     try:
-        import subprocess
-
         got = subprocess.run(
             [*prefix, sys.executable, "-m", "trainmedic", "report", str(run_dir / ".")],
             capture_output=True,
@@ -279,4 +278,20 @@ def test_a_duration_past_a_year_is_a_usage_error(tmp_path: Path, option: str) ->
     # 1e300 s overflowed the backoff's timer after the first attempt.
     got = trainmedic("run", option, "1e300", "--", *python_job("pass"), cwd=tmp_path)
     assert "at most" in assert_one_line_error(got)
+    assert listing(tmp_path) == []
+
+
+def test_a_removed_current_directory_is_one_line(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    argv = [sys.executable, "-m", "trainmedic", "run", "--out", str(tmp_path / "run"), "--"]
+    got = subprocess.run(
+        [*argv, *python_job("pass")],
+        cwd=gone,
+        preexec_fn=lambda: os.rmdir(gone),  # the shell's directory removed under it
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert "current directory" in assert_one_line_error(got)
     assert listing(tmp_path) == []

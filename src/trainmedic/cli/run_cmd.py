@@ -93,6 +93,12 @@ def run(
     if not argv:
         raise UsageError("no command given (usage: trainmedic run [OPTIONS] -- CMD [ARGS]...)")
     # Everything that can be refused is refused before anything is created.
+    try:
+        os.getcwd()
+    except OSError as exc:  # run from a directory removed meanwhile
+        raise UsageError(
+            f"the current directory cannot be used ({exc.strerror}): cd to one that exists"
+        ) from None
     if simulate is not None:
         load_simulation(simulate)
     resolve_command(argv[0], os.environ)
