@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import shutil
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none
 from trainmedic.gpu.types import GpuSample
 from trainmedic.host.types import HostFacts
 from trainmedic.ostext import printable
+from trainmedic.probe import env as probe_env
 from trainmedic.record.guard import RecordGuard, RecordLoss, WriteFn
 from trainmedic.record.store import META_FILE, RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
@@ -45,6 +47,7 @@ from trainmedic.supervise.attempts import (
     ResilienceOptions,
     StopRequests,
 )
+from trainmedic.supervise.fallback import run_on_unsupervised
 from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
     become_subreaper,
@@ -59,12 +62,6 @@ from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.rundir import command_name
 from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
 from trainmedic.supervise.watchdog import Watchdog
-from trainmedic.supervise.wrapup import (
-    bootstrap_errors,
-    discard_run_dir,
-    run_environment,
-    run_on_unsupervised,
-)
 
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
@@ -365,7 +362,7 @@ class RunSession:
                 if not observers:
                     if keeper is not None:
                         keeper.close()  # nothing ran: nothing to take over
-                    discard_run_dir(run_dir, remove_dir=options.created_dir)
+                    _discard(run_dir, remove_dir=options.created_dir)
                 raise
             for o in observers:
                 o.stop()
@@ -373,7 +370,7 @@ class RunSession:
         ended_at = result.ended_at
         returncode = result.returncode
         leftovers = list(result.leftovers)
-        for event in bootstrap_errors(run_dir):
+        for event in _bootstrap_errors(run_dir):
             router.add_event(event)
         wall_s = max(1e-9, self.wall() - started_at)
         cpu_s = time.process_time() - cpu0
@@ -400,7 +397,7 @@ class RunSession:
             observers[0].first_gpu if observers else {},
         )
         flusher.stop()
-        environment = run_environment(machine, self.table, options.simulate)
+        environment = _environment(machine, self.table, options.simulate)
         final_meta = dataclasses.replace(
             meta, ended_at=ended_at, exit_code=returncode, environment=environment
         )
@@ -440,7 +437,7 @@ class RunSession:
         except (OSError, RunDirectoryError) as exc:
             if writer is not None:
                 writer.close()
-            discard_run_dir(run_dir, remove_dir=self.options.created_dir)
+            _discard(run_dir, remove_dir=self.options.created_dir)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise RunDirectoryError(
                 f"cannot write the run directory {printable(str(run_dir))}: {reason}"
@@ -570,6 +567,87 @@ def _color_system() -> str | None:
     from rich.console import Console
 
     return Console(file=sys.stderr).color_system
+
+
+def _bootstrap_errors(run_dir: Path) -> list[RunEvent]:
+    """Probe bootstraps that failed to load leave a line each; they become events."""
+    path = run_dir / probe_env.BOOTSTRAP_ERRORS
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines[:100]:
+        pid_text, _, message = line.partition(" ")
+        events.append(
+            RunEvent(
+                t=path.stat().st_mtime,
+                kind="probe_error",
+                message=f"probe could not load: {message}",
+                pid=int(pid_text) if pid_text.isdigit() else None,
+                data={"part": "bootstrap"},
+            )
+        )
+    return events
+
+
+def _environment(
+    machine: MachineFacts | None, table: ProcessTable, simulate: str | None
+) -> dict[str, Any]:
+    """The machine and the job's torch, as JSON-ready data for meta.json."""
+    env: dict[str, Any] = {"simulation": simulate}
+    if machine is not None:
+        host = machine.host
+        env["host"] = {
+            "hostname": host.hostname,
+            "logical_cores": host.cpu.logical_cores,
+            "usable_cores": host.cpu.usable_cores,
+            "memory_total_bytes": host.memory.total_bytes,
+        }
+        env["gpu"] = {
+            "backend": machine.gpu.backend,
+            "driver": None if machine.gpu.driver is None else machine.gpu.driver.version,
+            "absent_reason": machine.gpu.absent_reason,
+            "gpus": [
+                {
+                    "index": s.index,
+                    "name": s.name,
+                    "uuid": s.uuid,
+                    "memory_total_bytes": s.memory_total_bytes,
+                }
+                for s in machine.gpu.samples
+            ],
+        }
+    info = table.torch_info()
+    if info is not None:
+        env["torch"] = {
+            "version": info.version,
+            "cuda_version": info.cuda_version,
+            "cudnn_version": info.cudnn_version,
+            "cuda_initialized": info.cuda_initialized,
+            "devices": list(info.devices),
+        }
+    elif machine is not None and machine.torch is not None:
+        env["torch"] = {
+            "version": machine.torch.version,
+            "cuda_version": machine.torch.cuda_version,
+        }
+    env["processes"] = len(table.snapshot())
+    return env
+
+
+def _discard(run_dir: Path, remove_dir: bool) -> None:
+    """Remove what this run wrote when its job never started (the directory was
+    empty or new: everything in it is ours)."""
+    for entry in list(run_dir.iterdir()) if run_dir.is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    if remove_dir:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
 
 
 def _flush(writer: RunRecordWriter, period_s: float) -> float:
