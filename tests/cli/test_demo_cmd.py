@@ -85,7 +85,7 @@ def test_a_used_run_directory_is_refused_before_anything_runs(
     (tmp_path / "mine.txt").write_text("keep")
     assert main(["demo", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not an empty directory" in err
+    assert err.count("\n") == 1 and "not empty" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainmedic import jsonfile
 from trainmedic.record import codec
 from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
 
@@ -175,7 +176,7 @@ def decode_line(line: bytes) -> tuple[ProbeMessage, str | None]:
     Raises:
         ValueError, KeyError, TypeError: the line is not a valid message.
     """
-    obj = json.loads(line.decode("utf-8"))
+    obj = jsonfile.loads(line)  # bounded nesting: a job cannot crash the channel thread
     if not isinstance(obj, dict):
         raise TypeError("expected a JSON object")
     kind = obj.pop("k")

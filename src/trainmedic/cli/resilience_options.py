@@ -131,11 +131,17 @@ def resilience_options(fn: F) -> F:
     return decorated  # type: ignore[return-value]
 
 
+MAX_SECONDS = 366 * 24 * 3600.0
+"""Longest duration any of these options takes (a year): past it, timers overflow."""
+
+
 def _seconds(name: str, value: float | None, *, zero: bool = False) -> float | None:
     if value is None:
         return None
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
         raise UsageError(f"{name} must be a positive number of seconds, got {value:g}")
+    if value > MAX_SECONDS:
+        raise UsageError(f"{name} must be at most {MAX_SECONDS:.0f} s (a year), got {value:g}")
     return value
 
 

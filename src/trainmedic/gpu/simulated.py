@@ -9,7 +9,6 @@ the injected clock, so a whole run can be replayed.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -18,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainmedic import jsonfile
 from trainmedic.errors import SimulationFileError
 from trainmedic.gpu.backend import XidNotice, XidWatch
 from trainmedic.gpu.faults import GPU_AT_RE, parse_xid_line
@@ -241,21 +241,29 @@ class _SimulatedXidWatch:
 _MISSING: Any = object()
 
 
+SIMULATION_MAX_BYTES = 16 * 1024 * 1024
+"""Largest simulation file read, bytes (the bundled ones are a few KiB)."""
+
+
+def _finite(value: float) -> bool:
+    """A number a reading can hold: finite, and an integer no larger than NVML's 64 bits."""
+    if isinstance(value, int):
+        return abs(value) <= 2**64
+    return math.isfinite(value)
+
+
 def load_simulation_json(path: str | Path) -> dict[str, Any]:
-    """Read and parse a simulation file; errors name the file."""
-    p = Path(path)
+    """Read and parse a simulation file (at most 16 MiB, nesting at most 64 deep);
+    errors name the file."""
     try:
-        text = p.read_text(encoding="utf-8")
+        data = jsonfile.read_json(path, max_bytes=SIMULATION_MAX_BYTES)
     except FileNotFoundError:
         raise SimulationFileError(str(path), None, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimulationFileError(str(path), None, f"cannot be read ({exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SimulationFileError(
-            str(path), None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+        raise SimulationFileError(str(path), None, problem) from None
+    except ValueError as exc:
+        raise SimulationFileError(str(path), None, jsonfile.describe(exc)) from None
     if not isinstance(data, dict):
         raise SimulationFileError(str(path), None, "expected a JSON object at the top level")
     return data
@@ -354,7 +362,7 @@ class _Parser:
             if not isinstance(entry, dict):
                 raise self.fail(at, "expected an object")
             t = entry.get("t")
-            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0 or not _finite(t):
                 raise self.fail(f"{at}.t", "expected seconds >= 0")
             if t < last_t:
                 raise self.fail(f"{at}.t", "series entries must be in time order")
@@ -459,8 +467,8 @@ class _Parser:
             raise self.fail(at, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
-        if not math.isfinite(value):
-            raise self.fail(at, "must be a finite number")
+        if not _finite(value):
+            raise self.fail(at, "must be a finite number (at most 2**64)")
         if value < 0:
             raise self.fail(at, "must not be negative")
         if at.endswith("_pct") and value > 100:

@@ -886,6 +886,19 @@ def _user_exception(
     details: dict[str, Any] = {"exception_type": exc_type}
     if pid is not None:
         details["pid"] = pid
+    if _is_broken_pipe(exc_type, message):
+        # Its own stdout's reader went away (`| head`), or a pipe or socket it
+        # wrote to: a local fact, never evidence of another rank.
+        return base.make(
+            FailureClass.USER_EXCEPTION,
+            Category.TIMEOUT,
+            "high" if confidence == "high" else "medium",
+            f"uncaught {exc_type}: {_first_line(message)} (the process wrote to a pipe or "
+            "socket whose reader had gone, such as its output piped into `head`)",
+            shown,
+            location=location,
+            details=details,
+        )
     if _COMM_ERROR_TYPE_RE.search(exc_type) or _COMM_ERROR_RE.search(message):
         # A lost peer is not a bug in this process: usually another rank failed
         # first (its error file, when there is one, is the root cause).
@@ -907,6 +920,13 @@ def _user_exception(
         shown,
         location=location,
         details=details,
+    )
+
+
+def _is_broken_pipe(exc_type: str, message: str) -> bool:
+    """``BrokenPipeError``, or an ``OSError`` with errno 32 (EPIPE)."""
+    return exc_type.rsplit(".", 1)[-1] == "BrokenPipeError" or (
+        exc_type.rsplit(".", 1)[-1] in ("OSError", "IOError") and message.startswith("[Errno 32]")
     )
 
 

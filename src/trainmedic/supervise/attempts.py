@@ -45,6 +45,7 @@ import psutil
 from trainmedic.checkpoint import CHECKPOINT_DIR_ENV
 from trainmedic.findings.model import Finding
 from trainmedic.probe.forensics import STACKS_ENV
+from trainmedic.record.guard import RecordGuard
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import (
     Classification,
@@ -71,6 +72,7 @@ from trainmedic.resilience.policy import (
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig, TimeoutVerdict
 from trainmedic.supervise import evidence
 from trainmedic.supervise.forensics import HangForensics, capture_hang, find_py_spy
+from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
@@ -198,6 +200,10 @@ class AttemptIO:
     mux: TerminalMux
     logs: tuple[tuple[int, str], ...]
     """(our fd, log file name) per stream; the last one holds stderr."""
+    record_guard: RecordGuard | None = None
+    """Stops the logs and attempt files (not the job) when the run directory stops taking writes."""
+    keeper: OutputKeeper | None = None
+    """Holds a copy of each stream, for a supervisor that gets killed."""
 
 
 @dataclass
@@ -394,7 +400,14 @@ class AttemptLoop:
             )
         )
         self._pumps = [
-            OutputPump(job.streams[fd], fd, self.run_dir / name, self.io.mux)
+            OutputPump(
+                job.streams[fd],
+                fd,
+                self.run_dir / name,
+                self.io.mux,
+                guard=self.io.record_guard,
+                keeper=self.io.keeper,
+            )
             for fd, name in self.io.logs
         ]
         for p in self._pumps:
@@ -630,9 +643,13 @@ class AttemptLoop:
         )
         self._event(attempt_event(summary, self._wall()))
         stacks = self._attempt_dir(n) / "stacks.txt"
-        if stacks.exists() and stacks.stat().st_size == 0:
-            stacks.unlink()  # no process was asked for its stacks
-        _write_private_json(self._attempt_dir(n) / ATTEMPT_FILE, summary.to_data())
+
+        def write_files() -> None:
+            if stacks.exists() and stacks.stat().st_size == 0:
+                stacks.unlink()  # no process was asked for its stacks
+            _write_private_json(self._attempt_dir(n) / ATTEMPT_FILE, summary.to_data())
+
+        self._guarded(ATTEMPT_FILE, write_files)
         return summary
 
     # --- acting between attempts ---------------------------------------------------------------
@@ -660,13 +677,30 @@ class AttemptLoop:
 
     # --- helpers ------------------------------------------------------------------------------
 
+    @property
+    def pumps(self) -> tuple[OutputPump, ...]:
+        """The output pumps of the current attempt."""
+        return tuple(getattr(self, "_pumps", ()))
+
     def _attempt_dir(self, number: int) -> Path:
         directory = self.run_dir / ATTEMPTS_DIR / str(number)
-        if not directory.is_dir():
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(directory, 0o700)
-            os.chmod(directory.parent, 0o700)
+
+        def make() -> None:
+            if not directory.is_dir():
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(directory, 0o700)
+                os.chmod(directory.parent, 0o700)
+
+        self._guarded(ATTEMPTS_DIR, make)
         return directory
+
+    def _guarded(self, what: str, write: Callable[[], None]) -> None:
+        """A write into the run directory; a full disk stops the record, not the run."""
+        guard = self.io.record_guard
+        if guard is not None:
+            guard.attempt(what, write)
+            return
+        write()
 
     def _notice(self, text: str) -> None:
         self.io.mux.notice(text)

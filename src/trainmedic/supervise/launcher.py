@@ -36,6 +36,7 @@ import psutil
 
 import trainmedic
 from trainmedic.errors import TrainmedicError
+from trainmedic.ostext import printable
 from trainmedic.probe import BOOTSTRAP_DIR
 from trainmedic.probe import env as probe_env
 
@@ -69,9 +70,19 @@ def probe_environment(
     """The job's environment: ``base`` plus what the probe needs.
 
     The bootstrap directory goes first on ``PYTHONPATH``; an existing
-    ``PYTHONPATH`` follows unchanged.
+    ``PYTHONPATH`` follows unchanged. What an earlier trainmedic left in
+    ``base`` (a shell started inside a run whose supervisor is gone) is
+    dropped first, so the job never reports to another run's socket: with
+    ``probe=False`` the job gets no probe at all.
     """
     env = dict(base)
+    for name in (probe_env.ADDR, probe_env.TOKEN):
+        env.pop(name, None)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not _is_bootstrap(p)]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        env.pop("PYTHONPATH", None)
     if not probe:
         return env
     existing = env.get("PYTHONPATH")
@@ -81,6 +92,26 @@ def probe_environment(
     env[probe_env.HOME] = str(Path(trainmedic.__file__).resolve().parent.parent)
     env[probe_env.RUN_DIR] = str(run_dir.resolve())
     return env
+
+
+def _is_bootstrap(entry: str) -> bool:
+    """Whether a ``PYTHONPATH`` entry is a trainmedic probe bootstrap directory (any install)."""
+    path = Path(entry)
+    own = Path(BOOTSTRAP_DIR)
+    return path == own or (
+        path.name == own.name
+        and path.parent.name == own.parent.name
+        and (path / "sitecustomize.py").is_file()
+    )
+
+
+_NOT_THE_JOB: set[int] = set()
+
+
+def exclude_from_job(pid: int) -> None:
+    """A child of trainmedic's own (the output keeper) that is never part of a job:
+    not sampled, not stopped as a leftover."""
+    _NOT_THE_JOB.add(pid)
 
 
 def become_subreaper() -> bool:
@@ -94,28 +125,35 @@ def become_subreaper() -> bool:
         return False
 
 
-def _resolve(argv0: str, env: Mapping[str, str]) -> str:
+def resolve_command(argv0: str, env: Mapping[str, str]) -> str:
     """The executable ``argv0`` names, as a shell would find it.
 
     Raises:
-        CommandNotFoundError / CommandNotExecutableError.
+        CommandNotFoundError / CommandNotExecutableError (names over the
+        filesystem's limits included: they exist nowhere).
     """
-    if os.sep in argv0:
-        path = Path(argv0)
-        if not path.exists():
-            raise CommandNotFoundError(f"command not found: {argv0}")
-        if path.is_dir() or not os.access(path, os.X_OK):
-            raise CommandNotExecutableError(f"command not executable: {argv0}")
-        return argv0
-    found = shutil.which(argv0, path=env.get("PATH", os.defpath))
-    if found is None:
-        # Distinguish "exists but not executable" the way shells do.
-        for directory in env.get("PATH", os.defpath).split(os.pathsep):
-            candidate = Path(directory or ".") / argv0
-            if candidate.is_file():
-                raise CommandNotExecutableError(f"command not executable: {argv0}")
-        raise CommandNotFoundError(f"command not found: {argv0}")
-    return found
+    shown = printable(argv0)
+    if not argv0:
+        raise CommandNotFoundError("command not found: '' (an empty command name)")
+    try:
+        if os.sep in argv0:
+            path = Path(argv0)
+            if not path.exists():
+                raise CommandNotFoundError(f"command not found: {shown}")
+            if path.is_dir() or not os.access(path, os.X_OK):
+                raise CommandNotExecutableError(f"command not executable: {shown}")
+            return argv0
+        found = shutil.which(argv0, path=env.get("PATH", os.defpath))
+        if found is None:
+            # Distinguish "exists but not executable" the way shells do.
+            for directory in env.get("PATH", os.defpath).split(os.pathsep):
+                candidate = Path(directory or ".") / argv0
+                if candidate.is_file():
+                    raise CommandNotExecutableError(f"command not executable: {shown}")
+            raise CommandNotFoundError(f"command not found: {shown}")
+        return found
+    except OSError as exc:  # a name too long, a directory on PATH it may not read
+        raise CommandNotFoundError(f"command not found: {shown} ({exc.strerror or exc})") from None
 
 
 @dataclass
@@ -193,7 +231,7 @@ class Job:
         """
         if not argv:
             raise CommandNotFoundError("no command given")
-        executable = _resolve(argv[0], env)
+        executable = resolve_command(argv[0], env)
         streams: dict[int, OutputStream] = {}
         child_ends: dict[int, int] = {}
         try:
@@ -219,13 +257,14 @@ class Job:
                     close_fds=True,
                 )
             except FileNotFoundError:
-                raise CommandNotFoundError(f"command not found: {argv[0]}") from None
+                raise CommandNotFoundError(f"command not found: {printable(argv[0])}") from None
             except PermissionError:
-                raise CommandNotExecutableError(f"command not executable: {argv[0]}") from None
+                shown = printable(argv[0])
+                raise CommandNotExecutableError(f"command not executable: {shown}") from None
             except OSError as exc:
                 if exc.errno == errno.ENOEXEC:
                     raise CommandNotExecutableError(
-                        f"command not executable: {argv[0]} (exec format error)"
+                        f"command not executable: {printable(argv[0])} (exec format error)"
                     ) from None
                 raise
         except BaseException:
@@ -267,7 +306,7 @@ class Job:
                 found[p.pid] = p
         with contextlib.suppress(psutil.Error):
             for p in psutil.Process().children(recursive=True):
-                if p.pid != self.pid:
+                if p.pid != self.pid and p.pid not in _NOT_THE_JOB:
                     found.setdefault(p.pid, p)
         return [p for p in found.values() if _alive(p)]
 
