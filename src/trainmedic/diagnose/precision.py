@@ -53,5 +53,6 @@ def no_mixed_precision(view: RunView, th: Thresholds) -> list[Finding]:
             ),
             impact=min(1.0, th.mixed_precision_gain * busy),
             subject=(f"gpu{view.job_gpu_indices[0]}" if len(view.job_gpu_indices) == 1 else None),
+            apply={"torch": {"tf32_matmul": True}},
         )
     ]
