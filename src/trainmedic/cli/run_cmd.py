@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -54,6 +54,13 @@ HTML_FILE = "report.html"
     show_default=True,
     help="Exit 1 when the job succeeded but a finding reaches this severity.",
 )
+@click.option(
+    "--apply-from",
+    metavar="PATH",
+    default=None,
+    help="Apply the fixes a previous run directory's findings (or a tune --json file) "
+    "recommend, inside the unmodified job (docs/remedies.md).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @resilience_options
 def run(
@@ -63,6 +70,7 @@ def run(
     no_html: bool,
     no_probe: bool,
     fail_on: str,
+    apply_from: str | None,
     command: tuple[str, ...],
     resilience: ResilienceOptions,
 ) -> int:
@@ -83,6 +91,16 @@ def run(
         raise UsageError("no command given (usage: trainmedic run [OPTIONS] -- CMD [ARGS]...)")
     if simulate is not None:
         load_simulation(simulate)  # a bad file is refused before anything runs
+    environ = dict(os.environ)
+    plan = None
+    if apply_from is not None:
+        from trainmedic.remedies.apply_plan import APPLY_ENV, plan_from
+
+        if no_probe:
+            raise UsageError("--apply-from needs the probe: drop --no-probe")
+        plan = plan_from(apply_from)  # a bad source is refused before anything runs
+        _announce_plan(plan)
+        environ[APPLY_ENV] = plan.to_env()
     run_dir = Path(out) if out else default_run_dir(argv)
     created = prepare_run_dir(run_dir)
     options = RunOptions(
@@ -94,14 +112,26 @@ def run(
         created_dir=created,
         resilience=resilience,
     )
-    outcome = RunSession(options).run()
-    findings = _diagnose_and_report(run_dir, outcome, write_html=not no_html)
+    outcome = RunSession(options, environ=environ).run()
+    findings = _diagnose_and_report(
+        run_dir, outcome, write_html=not no_html, plan=None if plan is None else plan.to_dict()
+    )
     if outcome.exit_status == 0 and findings is not None:
         return exit_code_for(findings, fail_on)
     return outcome.exit_status
 
 
-def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> list[Finding] | None:
+def _announce_plan(plan: Any) -> None:
+    lines = plan.describe()
+    head = "nothing to apply" if plan.empty else "applying"
+    click.echo(f"trainmedic: {head} from {plan.source}:", err=True)
+    for line in lines:
+        click.echo(f"  {line}", err=True)
+
+
+def _diagnose_and_report(
+    run_dir: Path, outcome: object, write_html: bool, plan: dict[str, Any] | None = None
+) -> list[Finding] | None:
     """Diagnose the closed record, write findings.json and report.html, print the summary.
 
     Any failure here is reported in one line: the job's exit code must still
@@ -112,6 +142,7 @@ def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> li
         from trainmedic.diagnose import diagnose_run
         from trainmedic.record.stats import summarize
         from trainmedic.record.store import load_run_record
+        from trainmedic.report.applied import render_applied
         from trainmedic.report.incidents import render_incidents
         from trainmedic.report.run_summary import render_run_summary
         from trainmedic.report.terminal import render_findings
@@ -127,6 +158,7 @@ def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> li
                 "command": list(record.meta.command),
                 "exit_code": record.meta.exit_code,
                 "run_dir": str(run_dir),
+                **({"apply_plan": plan} if plan is not None else {}),
             },
         )
         _write_private(run_dir / FINDINGS_FILE, json.dumps(document.to_dict(), indent=2) + "\n")
@@ -140,6 +172,7 @@ def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> li
         render_run_summary(console, record.meta, summarize(record))
         console.print()
         render_incidents(console, record)
+        render_applied(console, record, None if plan is None else str(plan.get("source")))
         render_findings(console, list(document.findings), "findings")
         where = run_dir / HTML_FILE if write_html else run_dir
         console.print(f"\nreport: {where}", soft_wrap=True, markup=False)

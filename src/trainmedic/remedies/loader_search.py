@@ -81,6 +81,7 @@ class TuneResult:
     budget_s: float
     elapsed_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    dataset_type: str | None = None
 
     @property
     def significant(self) -> bool:
@@ -123,6 +124,7 @@ class TuneResult:
             "elapsed_s": round(self.elapsed_s, 3),
             "trials": [t.to_dict() for t in self.trials],
             "notes": list(self.notes),
+            "dataset_type": self.dataset_type,
         }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from trainmedic.errors import UsageError
@@ -112,4 +113,6 @@ def tune_dataloader(
         log=log,
     )
     baseline, best, recommended = search.run()
-    return summarize(search, baseline, best, recommended, clock() - started)
+    result = summarize(search, baseline, best, recommended, clock() - started)
+    kind = type(dataset)
+    return replace(result, dataset_type=f"{kind.__module__}.{kind.__qualname__}")
