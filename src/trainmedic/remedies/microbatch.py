@@ -12,15 +12,19 @@ exception). The working size is remembered; after ``grow_after`` good steps
 it is doubled again, and a growth that fails doubles the stretch before the
 next try.
 
-Distributed (DDP): all micro-batches but the last run under ``no_sync()``, so
-gradients are reduced once. Before the last backward — the only collective of
-the step — every rank votes with one ``all_reduce``: if any rank ran out of
-memory, all ranks redo the step with the same, smallest proposed size, so no
-rank waits in a collective the others never join. Running out of memory
-inside that last, synchronised backward cannot be agreed on safely; it raises
-:class:`MicroBatchError` so that ``trainmedic run`` restarts the job with
-``TRAINMEDIC_MICRO_BATCH_DIVISOR`` doubled, which this class reads: it starts
-at the divided size.
+Distributed (DDP): the ranks move in lockstep. Every micro-batch runs under
+``no_sync()``, and after each one every rank votes with one tiny
+``all_reduce``: if any rank ran out of memory, all ranks stop at that same
+micro-batch and redo the step with the same, smallest proposed size, so no
+rank waits in a collective the others never join (DDP's own forward
+collectives, such as buffer broadcasts, happen the same number of times on
+every rank). Once all micro-batches fitted everywhere, the gradients are
+averaged across ranks once — summed in flattened buckets and divided by the
+world size, which is what DDP's backward would have computed; its overlap of
+that communication with the backward is given up for the guarantee. Running
+out of memory while averaging raises :class:`MicroBatchError`, so that
+``trainmedic run`` restarts the job with ``TRAINMEDIC_MICRO_BATCH_DIVISOR``
+doubled, which this class reads: it starts at the divided size.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from trainmedic.remedy_api import micro_batch_divisor
 DEFAULT_GROW_AFTER = 200
 """Good steps at a reduced size before the micro-batch is doubled again."""
 MAX_GROW_AFTER = 100_000
+BUCKET_BYTES = 16 * 2**20
+"""Gradients are averaged across ranks in flattened buckets of about this size."""
 
 
 class MicroBatchError(TrainmedicError):
@@ -86,6 +92,9 @@ class MicroBatchStep:
             ``torch.distributed`` is initialised with more than one rank.
         process_group: the group to vote in (default: the world).
         environ: where ``TRAINMEDIC_MICRO_BATCH_DIVISOR`` is read (``os.environ``).
+        free: releases what a failed attempt held (default:
+            :func:`~trainmedic.remedies.oom.free_memory`: a full garbage
+            collection, then CUDA's cached blocks).
     """
 
     def __init__(
@@ -101,6 +110,7 @@ class MicroBatchStep:
         sync_ranks: bool | None = None,
         process_group: Any | None = None,
         environ: Mapping[str, str] | None = None,
+        free: Callable[[], None] = free_memory,
     ) -> None:
         if reduction not in ("mean", "sum"):
             raise UsageError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -117,6 +127,7 @@ class MicroBatchStep:
         self.grow_after = grow_after
         self._sync_ranks = sync_ranks
         self._group = process_group
+        self._free = free
         self.divisor = micro_batch_divisor(environ)
         self.micro_batch_size: int | None = None
         """The working micro-batch size, ``None`` while whole batches fit."""
@@ -135,6 +146,14 @@ class MicroBatchStep:
         if self.micro_batch_size is None and self.divisor > 1 and self._full_seen is None:
             self.micro_batch_size = max(1, n // self.divisor)
         self._full_seen = n
+        if self._distributed():
+            largest, neg_smallest = self._all_reduce_max([n, -n])
+            if largest != -neg_smallest:
+                raise MicroBatchError(
+                    f"ranks have batches of {-neg_smallest} to {largest} samples: lockstep "
+                    "micro-batching needs equal batches (DistributedSampler pads to them; "
+                    "or drop_last=True)"
+                )
         growing = self._maybe_grow(n)
         while True:
             micro = min(n, self.micro_batch_size or n)
@@ -189,54 +208,47 @@ class MicroBatchStep:
             del self.history[:-1000]
 
     def _attempt(self, batch: Any, n: int, micro: int) -> tuple[bool, Any]:
-        """Forward/backward over the micro-batches; ``(False, None)`` after an OOM anywhere."""
+        """Forward/backward over the micro-batches; ``(False, None)`` after an OOM anywhere
+        (on any rank, when distributed)."""
         parts = split(batch, micro)
+        distributed = self._distributed()
         total: Any = 0.0
-        last: Any = None
-        last_weight = 1.0
-        oom = False
         self._zero_grad()
-        try:
-            for i, (part, rows) in enumerate(parts):
-                weight = rows / n if self.reduction == "mean" else 1.0
-                if i < len(parts) - 1:
-                    with self._no_sync():
-                        loss = self.loss_fn(part)
-                        self._backward(loss * weight)
-                    total = total + loss.detach() * weight
-                    del loss
-                else:
-                    last = self.loss_fn(part)
-                    last_weight = weight
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            oom = True
-        if oom:
-            last = None
-        if self._vote(oom):
-            del last
-            self._zero_grad()
-            free_memory()
-            return False, None
-        try:
-            self._backward(last * last_weight)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            if self._distributed():
+        for i, (part, rows) in enumerate(parts):
+            weight = rows / n if self.reduction == "mean" else 1.0
+            # Alone, the last part's backward reduces (DDP in a group of one); across
+            # ranks every part runs without DDP's reduction, which happens once below,
+            # after all ranks agreed that every part fitted.
+            unsynced = distributed or i < len(parts) - 1
+            loss: Any = None
+            oom = False
+            try:
+                with self._no_sync() if unsynced else contextlib.nullcontext():
+                    loss = self.loss_fn(part)
+                    self._backward(loss * weight)
+                total = total + loss.detach() * weight
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                oom = True
+            loss = None  # the failed part's graph must go before memory is freed
+            if distributed:
+                oom = self._vote(oom)  # lockstep: every rank stops at the same part
+            if oom:
+                self._zero_grad()
+                self._free()
+                return False, None
+        if distributed:
+            try:
+                self._reduce_gradients()
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
                 raise MicroBatchError(
-                    "out of memory in the synchronised backward of a distributed step; "
-                    "the ranks cannot redo it safely. Restart with a smaller micro-batch "
-                    "(trainmedic run does: TRAINMEDIC_MICRO_BATCH_DIVISOR)"
+                    "out of memory while averaging gradients across ranks; restart with a "
+                    "smaller micro-batch (trainmedic run does: TRAINMEDIC_MICRO_BATCH_DIVISOR)"
                 ) from None
-            oom = True
-        if oom:
-            del last
-            self._zero_grad()
-            free_memory()
-            return False, None
-        return True, total + last.detach() * last_weight
+        return True, total
 
     # --- the pieces the caller's objects provide -------------------------------------------------
 
@@ -295,6 +307,48 @@ class MicroBatchStep:
         tensor = torch.tensor(values, dtype=torch.int64, device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
         return [int(v) for v in tensor.tolist()]
+
+    def _reduce_gradients(self) -> None:
+        """Average gradients over the ranks, as DDP's backward would: summed in
+        flattened buckets of about :data:`BUCKET_BYTES`, divided by the world size."""
+        import torch
+        import torch.distributed as dist
+
+        if self.model is not None:
+            params = list(self.model.parameters())
+        else:
+            assert self.optimizer is not None
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grads = []
+        for p in params:
+            if not p.requires_grad:
+                continue
+            if p.grad is None:  # unused here, maybe used on another rank: reduce zeros
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        # The same parameters in the same order on every rank: the same buckets.
+        buckets: list[list[Any]] = []
+        current: list[Any] = []
+        size = 0
+        for g in grads:
+            if current and (
+                g.dtype != current[0].dtype or g.device != current[0].device or size >= BUCKET_BYTES
+            ):
+                buckets.append(current)
+                current, size = [], 0
+            current.append(g)
+            size += g.numel() * g.element_size()
+        if current:
+            buckets.append(current)
+        world = dist.get_world_size(self._group)
+        for bucket in buckets:
+            flat = torch.cat([b.reshape(-1) for b in bucket])
+            dist.all_reduce(flat, group=self._group)
+            flat /= world
+            offset = 0
+            for b in bucket:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
 
     def _vote(self, oom: bool) -> bool:
         """Whether any rank ran out of memory in this attempt (one collective per attempt)."""
