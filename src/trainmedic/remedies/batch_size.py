@@ -108,6 +108,7 @@ def find_batch_size(
     effective_batch_size: int | None = None,
     repeats: int = 2,
     clock: Callable[[], float] = time.perf_counter,
+    free: Callable[[], None] = free_memory,
 ) -> BatchSizeResult:
     """Find the largest batch a training step of ``model`` fits in memory.
 
@@ -121,6 +122,8 @@ def find_batch_size(
         margin: share kept free: the recommendation is ``floor(largest_fit * (1 - margin))``.
         effective_batch_size: the batch the user trains with (micro-batch x accumulation).
         repeats: timed steps per size (after one untimed warm-up step).
+        free: releases what a failed size held (default: garbage collection, then
+            CUDA's cached blocks).
     """
     if not 0.0 <= margin < 1.0:
         raise UsageError(f"margin must be within [0, 1), got {margin}")
@@ -138,7 +141,7 @@ def find_batch_size(
         good, bad = 0, None
         size = start
         while True:  # grow
-            trial = _try(model, make_batch, loss_fn, optimizer, size, repeats, clock)
+            trial = _try(model, make_batch, loss_fn, optimizer, size, repeats, clock, free)
             trials.append(trial)
             if not trial.fits:
                 bad = size
@@ -149,7 +152,7 @@ def find_batch_size(
             size = min(max_size, size * 2)
         while bad is not None and bad - good > 1:  # bisect
             mid = (good + bad) // 2
-            trial = _try(model, make_batch, loss_fn, optimizer, mid, repeats, clock)
+            trial = _try(model, make_batch, loss_fn, optimizer, mid, repeats, clock, free)
             trials.append(trial)
             if trial.fits:
                 good = mid
@@ -162,7 +165,7 @@ def find_batch_size(
             optimizer.load_state_dict(saved_opt)
             optimizer.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
-        free_memory()
+        free()
     if good == 0:
         raise UsageError(f"a batch of {start} sample(s) does not fit in memory")
     # Only sizes that ran out of memory need a margin below them: a search that
@@ -217,6 +220,7 @@ def _try(
     size: int,
     repeats: int,
     clock: Callable[[], float],
+    free: Callable[[], None],
 ) -> SizeTrial:
     times: list[float] = []
     ok = True
@@ -248,7 +252,7 @@ def _try(
         model.zero_grad(set_to_none=True)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
-        free_memory()
+        free()
         return SizeTrial(size, False)
     _, peak = _cuda_sync_and_peak(model)
     times.sort()

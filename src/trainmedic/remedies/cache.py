@@ -135,11 +135,12 @@ class LocalCache:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             with _locked(self.directory / _LOCK):
+                stored = self._ledger()  # before the new entry is in place
                 replaced = path.stat().st_size if path.exists() else 0
                 os.replace(tmp, path)
                 now = self.clock()
                 os.utime(path, (now, now))
-                total = self._ledger() + len(data) - replaced
+                total = stored + len(data) - replaced
                 if total > self.max_bytes:
                     total = self._evict(int(self.max_bytes * _LOW_WATER), keep=path)
                 self._write_ledger(total)

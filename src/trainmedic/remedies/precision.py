@@ -168,6 +168,7 @@ def check_mixed_precision(
     min_speedup: float = 1.1,
     max_loss_rel_diff: float = 0.05,
     clock: Callable[[], float] = time.perf_counter,
+    free: Callable[[], None] = free_memory,
 ) -> PrecisionReport:
     """Compare float32 with autocast in bf16/fp16 on copies of ``model``.
 
@@ -180,6 +181,8 @@ def check_mixed_precision(
         device_type: ``cuda`` or ``cpu``; default: the model's device.
         min_speedup: recommend only when at least this much faster.
         max_loss_rel_diff: ... and the loss differs from float32's by at most this share.
+        free: releases each copy's memory before the next (default: garbage
+            collection, then CUDA's cached blocks).
     """
     import torch
 
@@ -196,7 +199,16 @@ def check_mixed_precision(
 
     def run(dtype: str) -> PrecisionTrial:
         return _train(
-            model, batch_list, loss_fn, make_optimizer, dtype, device_type, steps, warmup, clock
+            model,
+            batch_list,
+            loss_fn,
+            make_optimizer,
+            dtype,
+            device_type,
+            steps,
+            warmup,
+            clock,
+            free,
         )
 
     baseline = run("float32")
@@ -260,6 +272,7 @@ def _train(
     steps: int,
     warmup: int,
     clock: Callable[[], float],
+    free: Callable[[], None],
 ) -> PrecisionTrial:
     import torch
 
@@ -295,7 +308,7 @@ def _train(
         return PrecisionTrial(dtype, None, None, tuple(losses), f"{type(exc).__name__}: {exc}")
     finally:
         del copy_, optimizer
-        free_memory()
+        free()
     peak = int(torch.cuda.max_memory_allocated()) if cuda else None
     times.sort()
     return PrecisionTrial(dtype, times[len(times) // 2], peak, tuple(losses))

@@ -182,9 +182,8 @@ class ResilientDataset:
 
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.retries + 1),
-            wait=tenacity.wait_exponential_jitter(
-                initial=self.backoff_s, max=self.max_backoff_s, jitter=self.backoff_s
-            ),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s)
+            + tenacity.wait_random(0, self.backoff_s),
             retry=tenacity.retry_if_exception(self.transient),
             before_sleep=before_sleep,
             sleep=self.sleep,

@@ -55,7 +55,9 @@ def worker(rank: int, out: str, port: int) -> None:
     reference = model()
     loss = sum(nn.functional.cross_entropy(reference(x), y) for x, y in (data(0), data(1))) / 2
     loss.backward()
-    diff = max(float((a - p.grad).abs().max()) for a, p in zip(grads, reference.parameters()))
+    diff = max(
+        float((a - p.grad).abs().max()) for a, p in zip(grads, reference.parameters(), strict=True)
+    )
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(
             {

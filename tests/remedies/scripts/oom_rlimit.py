@@ -48,7 +48,7 @@ def main() -> None:
     opt.zero_grad()
     loss_fn((x, y)).backward()
     want = [p.grad for p in model.parameters()]
-    diff = max(float((a - b).abs().max()) for a, b in zip(got, want))
+    diff = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
     scale = max(float(b.abs().max()) for b in want)
     print(
         json.dumps(
