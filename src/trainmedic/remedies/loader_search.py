@@ -173,6 +173,7 @@ class Search:
         self.window_s = self._window()
         self.worker_rss: int | None = None
         self.improved = False
+        self.best: Trial | None = None
 
     # --- budget -----------------------------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class Search:
     def _trial_cost(self) -> float:
         startups = [t.startup_s for t in self.trials if t.startup_s is not None]
         startup = max(startups) if startups else 0.5
-        return startup + (SEGMENTS + 1) * self.window_s
+        return startup + (SEGMENTS + 0.5) * self.window_s
 
     def _affordable(self, reserve: float) -> bool:
         # The confirmation's reserve is needed only once something beat the baseline.
@@ -205,7 +206,13 @@ class Search:
 
     def _run(self, settings: LoaderSettings, phase: str) -> Trial:
         settings = settings.normalized()
-        trial = self.measure(settings, self.window_s, SEGMENTS, self.deadline, phase)
+        window = self.window_s
+        if self.best is not None and self.best.rate > 0:
+            # More samples in flight should come faster: a shorter window still
+            # holds enough batches, and the budget reaches further.
+            ratio = max(1.0, settings.in_flight / max(1, self.best.settings.in_flight))
+            window = self._window(self.best.rate * ratio)
+        trial = self.measure(settings, window, SEGMENTS, self.deadline, phase)
         self.trials.append(trial)
         if trial.worker_rss_bytes and self.worker_rss is None:
             self.worker_rss = trial.worker_rss_bytes
@@ -270,6 +277,7 @@ class Search:
 
     def _improved(self, best: Trial) -> None:
         self.improved = True
+        self.best = best
         self.window_s = self._window(best.rate)
 
     @staticmethod
@@ -284,6 +292,7 @@ class Search:
         best = baseline
         if baseline.error is None:
             self.window_s = self._window(baseline.rate)
+            self.best = baseline
         kind = self.profile.kind
         self.log(
             f"dataset: {kind}-bound ({self.profile.cpu_share:.0%} CPU while reading, "
@@ -298,18 +307,15 @@ class Search:
         if bound is not None and bound < worker_cap:
             self.notes.append(f"/dev/shm holds the batches of at most {bound} workers")
             worker_cap = bound
-        base = best.settings
-        best = self._axis(
-            best, lambda w: replace(base, num_workers=w), 1, worker_cap, "workers", reserve
-        )
-        mem_bound = self.limits.max_workers(self.worker_rss, None, 2)
-        if mem_bound is not None and best.settings.num_workers > mem_bound:
-            self.notes.append(f"memory holds at most {mem_bound} workers")
-        if threads_ok:
-            workers = max(1, best.settings.num_workers)
-            base = replace(best.settings, num_workers=workers)
-            cap = max(1, MAX_IN_FLIGHT // workers)
-            best = self._axis(best, lambda t: replace(base, threads=t), 2, cap, "threads", reserve)
+        if threads_ok and kind == "latency":
+            # Waiting is hidden by samples in flight: threads first, in one worker so
+            # that loading overlaps training; then processes for the CPU part.
+            best = self._threads(best, reserve)
+            best = self._workers(best, worker_cap, reserve)
+        else:
+            best = self._workers(best, worker_cap, reserve)
+            if threads_ok:
+                best = self._threads(best, reserve)
         if best.settings.num_workers:
             for factor in (4, 8):
                 if not self._affordable(reserve):
@@ -339,6 +345,20 @@ class Search:
                     "dataset between epochs: persistent workers keep their copy)"
                 )
         return baseline, best, recommended
+
+    def _workers(self, best: Trial, cap: int, reserve: float) -> Trial:
+        base = best.settings
+        best = self._axis(best, lambda w: replace(base, num_workers=w), 1, cap, "workers", reserve)
+        mem_bound = self.limits.max_workers(self.worker_rss, None, 2)
+        if mem_bound is not None and best.settings.num_workers > mem_bound:
+            self.notes.append(f"memory holds at most {mem_bound} workers")
+        return best
+
+    def _threads(self, best: Trial, reserve: float) -> Trial:
+        workers = max(1, best.settings.num_workers)
+        base = replace(best.settings, num_workers=workers)
+        cap = max(1, MAX_IN_FLIGHT // workers)
+        return self._axis(best, lambda t: replace(base, threads=t), 2, cap, "threads", reserve)
 
     def _confirm(self, baseline: Trial, best: Trial) -> tuple[Trial, Trial]:
         """Re-measure the current and the best settings in turn while the budget lasts."""
