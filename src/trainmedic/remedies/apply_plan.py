@@ -111,6 +111,8 @@ def _merge_loader(
                 "changes scripts that modify it between epochs"
             )
             continue
+        if value is False or (key != "threads" and value == 0) or (key == "threads" and value == 1):
+            continue  # a remedy only turns on and raises; the script's own values stay
         old = into.get(key)
         if isinstance(value, bool):
             new: Any = bool(old) or value
@@ -201,8 +203,6 @@ def plan_from_tuning(path: Path) -> ApplyPlan:
             f"{float(ci[1]):.2f}x) over the settings measured"
         )
         _merge_loader(loader, reasons, best, why)
-        if best.get("threads", 1) in (None, 1):
-            loader.pop("threads", None)
     else:
         reasons["dataloader"] = (
             "not applied: the tuning did not find settings significantly faster than the "
