@@ -22,7 +22,7 @@ from typing import Any
 
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import BUSY_STATES, RunView, share_of
-from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
+from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS, loader_remedies
 from trainmedic.findings.model import Category, Finding, Severity
 
 
@@ -98,7 +98,7 @@ def input_bound(view: RunView, th: Thresholds) -> list[Finding]:
             severity=severity,
             title=f"Training waits for data {exposed:.0%} of step time: {cause.title}",
             evidence=evidence,
-            fix=cause.fix,
+            fix=f"{cause.fix} {loader_remedies(cause.category.value)}",
             impact=exposed,
             subject="dataloader",
             apply=loader_apply(view, th, cause),
