@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from diagnose.canonical import CANONICAL
-
 from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.memory import FIX as MEMORY_FIX
 from trainmedic.resilience.classify import _FIXES, FailureClass

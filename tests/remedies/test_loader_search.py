@@ -154,3 +154,18 @@ def test_a_shm_too_small_for_the_batches_caps_the_workers() -> None:
     _, best, _ = s.run()
     assert best.settings.num_workers <= 1
     assert any("/dev/shm" in n for n in s.notes)
+
+
+def test_workers_stop_where_memory_would_run_out() -> None:
+    class Heavy(Machine):
+        def measure(self, settings: LoaderSettings, *args: object, **kw: object) -> Trial:
+            trial = super().measure(settings, *args, **kw)  # type: ignore[arg-type]
+            return replace(trial, worker_rss_bytes=3 << 30)  # 3 GiB per worker
+
+    machine = Heavy(cores=16, cpu_s=0.002, wait_s=0.0)
+    s = search(machine)
+    s.limits = replace(s.limits, memory_available_bytes=16 << 30)  # half of it: 2 workers
+    _, best, _ = s.run()
+    assert max(x.num_workers for x in machine.measured) <= 2
+    assert best.settings.num_workers == 2
+    assert any("memory holds at most 2 workers" in n for n in s.notes)

@@ -248,9 +248,13 @@ class Search:
         level = min(level, cap) if current < cap else cap + 1
         upper: int | None = None
         misses = 0
+        if phase == "workers":
+            cap = self._memory_cap(cap)
         # One level that does not pay is not the end: a single worker often only
         # matches the main process, the gain comes with the second.
         while level <= cap and self._affordable(reserve):
+            if phase == "workers" and level > self._memory_cap(cap):
+                break  # the workers measured so far say memory holds no more
             trial = self._run(make(level), phase)
             if self._better(trial, best):
                 best, current, upper, misses = trial, level, None, 0
@@ -348,11 +352,18 @@ class Search:
 
     def _workers(self, best: Trial, cap: int, reserve: float) -> Trial:
         base = best.settings
-        best = self._axis(best, lambda w: replace(base, num_workers=w), 1, cap, "workers", reserve)
-        mem_bound = self.limits.max_workers(self.worker_rss, None, 2)
-        if mem_bound is not None and best.settings.num_workers > mem_bound:
-            self.notes.append(f"memory holds at most {mem_bound} workers")
-        return best
+        return self._axis(best, lambda w: replace(base, num_workers=w), 1, cap, "workers", reserve)
+
+    def _memory_cap(self, cap: int) -> int:
+        """``cap``, lowered to the workers half the available memory holds, once a
+        worker's own memory (USS) was measured."""
+        bound = self.limits.max_workers(self.worker_rss, None, 2)
+        if bound is None or bound >= cap:
+            return cap
+        note = f"memory holds at most {bound} workers ({self.worker_rss or 0} bytes each)"
+        if note not in self.notes:
+            self.notes.append(note)
+        return bound
 
     def _threads(self, best: Trial, reserve: float) -> Trial:
         workers = max(1, best.settings.num_workers)
