@@ -106,6 +106,10 @@ class Applier:
         self._local = threading.local()
         self._shapes: list[tuple[Any, ...]] = []
         self._switch_state: dict[str, Any] = {}
+        # Switch events wait until the process shows it trains (a DataLoader batch on
+        # its training thread, or a normal exit): spawned DataLoader workers import
+        # torch too, and must not report the switches once each.
+        self._pending: list[tuple[str, str, dict[str, Any]]] = []
 
     # --- reporting --------------------------------------------------------------------------------
 
@@ -130,7 +134,7 @@ class Applier:
             self._wrap_loader()
         if self.switches:
             self._apply_switches_now()
-            atexit.register(self._report_switches_at_exit)
+            atexit.register(self.report_switches)
 
     def _wrap_loader(self) -> None:
         loader_cls = self.torch.utils.data.DataLoader
@@ -371,10 +375,12 @@ class Applier:
         torch = self.torch
         if not on:
             self._switch_state[switch] = None
-            self.event(
-                "remedy_not_applied",
-                f"{switch} not applied: {why}",
-                {"remedy": switch, "reason": why},
+            self._pending.append(
+                (
+                    "remedy_not_applied",
+                    f"{switch} not applied: {why}",
+                    {"remedy": switch, "reason": why},
+                )
             )
             return
         if switch == "tf32_matmul":
@@ -385,11 +391,18 @@ class Applier:
             torch.backends.cudnn.benchmark = True
             changed = {"cudnn.benchmark": [False, True]}
         self._switch_state[switch] = True
-        self.event(
-            "remedy_applied",
-            f"{switch}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
-            {"remedy": switch, "changed": changed, "reason": why},
+        self._pending.append(
+            (
+                "remedy_applied",
+                f"{switch}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+                {"remedy": switch, "changed": changed, "reason": why},
+            )
         )
+
+    def _flush_switches(self) -> None:
+        pending, self._pending = self._pending, []
+        for kind, message, data in pending:
+            self.event(kind, message, data)
 
     def _watch_shapes(self) -> None:
         iter_cls = self.torch.utils.data.dataloader._BaseDataLoaderIter
@@ -401,6 +414,7 @@ class Applier:
             batch = previous(iterator)
             try:
                 if applier.on and threading.get_ident() == applier.probe.state.training_ident:
+                    applier._flush_switches()
                     applier._shapes.append(_shapes(batch))
                     if len(applier._shapes) >= SHAPE_CHECK_BATCHES:
                         applier._decide_benchmark()
@@ -424,11 +438,14 @@ class Applier:
             return
         decision, why = runtime_decision("cudnn_benchmark", self._facts())
         self._switch("cudnn_benchmark", bool(decision), why)
+        self._flush_switches()
 
-    def _report_switches_at_exit(self) -> None:
+    def report_switches(self) -> None:
+        """Report the switches (at exit: DataLoader workers never get here)."""
         if not self.on:
             return
         try:
+            self._flush_switches()
             torch = self.torch
             if self._switch_state.get("tf32_matmul") and (
                 torch.get_float32_matmul_precision() != "high"
