@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from diagnose.builders import T0
 from diagnose.canonical import CANONICAL
 from trainmedic.errors import InputError
 from trainmedic.findings.model import Category, Finding, FindingsDocument, Severity
 from trainmedic.record.store import RunRecordWriter
-from trainmedic.record.types import RunRecord
+from trainmedic.record.types import RunEvent, RunRecord
 from trainmedic.remedies.apply_plan import ApplyPlan, plan_from
 
 
@@ -139,3 +140,31 @@ def test_missing_sources_and_directories_that_are_not_runs_are_refused(tmp_path:
 def test_the_plan_travels_as_json() -> None:
     plan = ApplyPlan("src", {"num_workers": 2}, {"tf32_matmul": True}, ("a.B",), {"x": "y"})
     assert ApplyPlan.from_dict(json.loads(plan.to_env())) == plan
+
+
+def applied_run(tmp_path: Path, *events: RunEvent) -> Path:
+    rec = CANONICAL["healthy_cpu"]()
+    rec.events.extend(events)
+    run = write_run(rec, tmp_path / "run", [])
+    doc = json.loads((run / "findings.json").read_text())
+    doc["context"]["apply_plan"] = ApplyPlan(
+        "first-run", {"num_workers": 2, "prefetch_factor": 4}, {}, ("data.Images",)
+    ).to_dict()
+    (run / "findings.json").write_text(json.dumps(doc))
+    return run
+
+
+def test_what_the_previous_run_applied_and_kept_is_applied_again(tmp_path: Path) -> None:
+    # The script is unmodified: its next run needs the settings again, though the
+    # previous run's findings no longer ask for them.
+    kept = RunEvent(T0, "remedy_applied", "DataLoader ...", data={"remedy": "dataloader"})
+    plan = plan_from(applied_run(tmp_path, kept))
+    assert plan.dataloader == {"num_workers": 2, "prefetch_factor": 4}
+    assert plan.dataset_types == ("data.Images",)
+    assert "with --apply-from, and kept" in plan.reasons["num_workers"]
+
+
+def test_what_the_previous_run_had_to_revert_is_not_applied_again(tmp_path: Path) -> None:
+    applied = RunEvent(T0, "remedy_applied", "DataLoader ...", data={"remedy": "dataloader"})
+    reverted = RunEvent(T0, "remedy_reverted", "back", data={"remedy": "dataloader"})
+    assert plan_from(applied_run(tmp_path, applied, reverted)).dataloader == {}

@@ -22,6 +22,7 @@ from typing import Any
 
 from trainmedic.errors import InputError
 from trainmedic.findings.model import Finding, Severity
+from trainmedic.record.types import RunRecord
 from trainmedic.remedies.switches import RunEvidence, plan_switches
 
 APPLY_ENV = "TRAINMEDIC_APPLY"
@@ -123,20 +124,43 @@ def _merge_loader(
             reasons[key] = why
 
 
-def _findings(run_dir: Path) -> list[Finding]:
+def _findings(run_dir: Path, record: RunRecord) -> tuple[list[Finding], dict[str, Any]]:
+    """The run's findings as reported (``findings.json``) and that document's context;
+    a fresh diagnosis of the record when the run wrote none."""
     path = run_dir / "findings.json"
     if path.exists():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             from trainmedic.findings.model import FindingsDocument
 
-            return list(FindingsDocument.from_dict(data).findings)
+            doc = FindingsDocument.from_dict(data)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InputError(f"--apply-from {path}: unreadable findings ({exc})") from None
+        return list(doc.findings), dict(doc.context)
     from trainmedic.diagnose import diagnose_run
-    from trainmedic.record.store import load_run_record
 
-    return diagnose_run(load_run_record(run_dir))
+    return diagnose_run(record), {}
+
+
+def _carried(
+    record: RunRecord, context: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str], tuple[str, ...]]:
+    """What the previous run itself applied with ``--apply-from`` and kept: its loader
+    settings, its switches and its dataset types. An unmodified script needs them again
+    (its findings no longer ask for what was already applied)."""
+    prior = context.get("apply_plan")
+    if not isinstance(prior, Mapping):
+        return {}, [], ()
+    applied = {e.data.get("remedy") for e in record.events if e.kind == "remedy_applied"}
+    reverted = {e.data.get("remedy") for e in record.events if e.kind == "remedy_reverted"}
+    loader: dict[str, Any] = {}
+    if "dataloader" in applied and "dataloader" not in reverted:
+        loader = dict(prior.get("dataloader") or {})
+    switches = [
+        name for name, on in dict(prior.get("switches") or {}).items() if on and name in applied
+    ]
+    types = tuple(str(t) for t in prior.get("dataset_types") or ())
+    return loader, switches, types
 
 
 def plan_from_run(run_dir: Path) -> ApplyPlan:
@@ -150,10 +174,15 @@ def plan_from_run(run_dir: Path) -> ApplyPlan:
         record = load_run_record(run_dir)
     except Exception as exc:
         raise InputError(f"--apply-from {run_dir}: unreadable run record ({exc})") from None
-    findings = _findings(run_dir)
+    findings, context = _findings(run_dir, record)
     loader: dict[str, Any] = {}
     reasons: dict[str, str] = {}
     tf32: list[str] = []
+    carried, carried_switches, carried_types = _carried(record, context)
+    if carried:
+        _merge_loader(loader, reasons, carried, f"applied in {run_dir} with --apply-from, and kept")
+    if "tf32_matmul" in carried_switches:
+        tf32.append(f"{run_dir} (applied there)")
     for f in findings:
         if f.severity.rank < Severity.WARNING.rank or not f.apply:
             continue
@@ -176,7 +205,12 @@ def plan_from_run(run_dir: Path) -> ApplyPlan:
         reasons.setdefault(
             "dataloader", "nothing to change: no finding of the run recommends loader settings"
         )
-    types = tuple(sorted({lo.dataset_type for lo in view.train_loaders if lo.dataset_type}))
+    if "cudnn_benchmark" in carried_switches and "cudnn_benchmark" not in switches:
+        switches["cudnn_benchmark"] = True
+        reasons["cudnn_benchmark"] = f"applied in {run_dir} (fixed input shapes seen there)"
+    types = carried_types or tuple(
+        sorted({lo.dataset_type for lo in view.train_loaders if lo.dataset_type})
+    )
     return ApplyPlan(str(run_dir), loader, switches, types, reasons)
 
 
