@@ -144,3 +144,21 @@ def test_batch_size_finds_the_largest_fit(tune, tmp_path: Path) -> None:  # type
     result = json.loads(got.stdout)
     assert result["largest_fit"] == 24 and result["first_failure"] == 25
     assert result["micro_batch_size"] * result["accumulation_steps"] == 64
+
+
+def test_an_unwritable_json_file_is_refused_before_measuring(tune, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    got = tune("dataloader", "datasets:waiting", "--json", str(tmp_path / "no" / "x.json"))
+    assert got.returncode == 2 and "no directory" in got.stderr
+
+
+def test_what_the_users_code_prints_does_not_spoil_the_json(tune, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "chatty.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    print('building the model')\n"
+        "    return {'model': torch.nn.Linear(2, 2), 'sample': torch.zeros(2)}\n"
+    )
+    got = tune("batch-size", "chatty:make", "--max-size", "8", "--json", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["largest_fit"] == 8
+    assert "building the model" in got.stderr

@@ -10,9 +10,10 @@ Errors in the user's code are one line; ``--verbose`` adds its traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,30 @@ def _user_code(verbose: bool) -> Iterator[None]:
         ) from None
 
 
+def _check_json_target(json_out: str | None) -> None:
+    """Refuse an unwritable ``--json FILE`` before minutes of measuring, not after."""
+    if json_out is None or json_out == "-":
+        return
+    path = Path(json_out)
+    if path.is_dir():
+        raise InputError(f"--json {json_out}: is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"--json {json_out}: no directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"--json {json_out}: {parent} is not writable")
+
+
+@contextmanager
+def _quiet_stdout(json_out: str | None) -> Iterator[None]:
+    """With the JSON on stdout, what the user's code prints goes to stderr instead."""
+    if json_out != "-":
+        yield
+        return
+    with redirect_stdout(sys.stderr):
+        yield
+
+
 def _emit(json_out: str | None, data: dict[str, Any]) -> bool:
     """Write the JSON result; ``True`` when it went to stdout (no terminal report then)."""
     if json_out == "-":
@@ -109,9 +134,10 @@ def dataloader(
     from trainmedic.remedies import factory as factories
     from trainmedic.remedies.loader_tune import tune_dataloader
 
+    _check_json_target(json_out)
     err = Console(file=sys.stderr, highlight=False)
     quiet = json_out == "-"
-    with _user_code(verbose):
+    with _user_code(verbose), _quiet_stdout(json_out):
         source = factories.call(factory)
         result = tune_dataloader(
             source,
@@ -204,7 +230,8 @@ def batch_size_cmd(
     from trainmedic.remedies import factory as factories
     from trainmedic.remedies.batch_size import find_batch_size
 
-    with _user_code(verbose):
+    _check_json_target(json_out)
+    with _user_code(verbose), _quiet_stdout(json_out):
         spec = factories.call(factory)
         if not isinstance(spec, dict) or "model" not in spec:
             raise InputError(
