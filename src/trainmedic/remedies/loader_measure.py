@@ -333,7 +333,7 @@ class LoaderBench:
                         break
                 rates.append(rows / elapsed if elapsed > 0 else 0.0)
                 if rss is None and s.num_workers:
-                    rss = _worker_rss(s.num_workers)
+                    rss = _worker_uss(iterator)
                 if deadline is not None and clock() >= deadline:
                     break
         except StopIteration:
@@ -374,15 +374,14 @@ def run_queue_wait_s() -> float | None:
     return total / 1e9
 
 
-def _worker_rss(workers: int) -> int | None:
-    """Mean resident memory of this process's worker children, bytes."""
+def _worker_uss(iterator: Any) -> int | None:
+    """Mean memory of the iterator's worker processes held by each alone (USS: pages
+    shared with the parent by fork would count once per worker in RSS), bytes."""
     try:
         import psutil
 
-        children = psutil.Process().children()
-        # USS: what each worker holds alone (pages shared with the parent by fork
-        # would count once per worker in RSS).
-        sizes = [c.memory_full_info().uss for c in children[:workers]]
+        pids = [w.pid for w in getattr(iterator, "_workers", []) if w.pid is not None]
+        sizes = [psutil.Process(pid).memory_full_info().uss for pid in pids]
     except Exception:
         return None
     return int(sum(sizes) / len(sizes)) if sizes else None
