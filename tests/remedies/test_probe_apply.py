@@ -168,3 +168,15 @@ def test_cudnn_autotuning_stays_off_when_input_shapes_vary(apply: Any) -> None:
     assert torch.backends.cudnn.benchmark is False
     assert probe.kinds() == ["remedy_not_applied"]
     assert "shapes vary" in probe.events[0].message
+
+
+def test_a_malformed_plan_is_reported_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainmedic.probe import apply as apply_module
+
+    probe = FakeProbe()
+    monkeypatch.setenv("TRAINMEDIC_APPLY", "{not json")
+    assert apply_module.install(torch, probe) is None  # type: ignore[arg-type]
+    assert probe.kinds() == ["probe_error"] and probe.restore == []
+    assert DataLoader(Numbers(), batch_size=8).num_workers == 0

@@ -52,7 +52,15 @@ def install(torch: Any, probe: Probe) -> Applier | None:
     raw = os.environ.get(APPLY_ENV)
     if not raw or probe.role == "worker":
         return None
-    applier = Applier(torch, probe, json.loads(raw))
+    try:
+        plan = json.loads(raw)
+        if not isinstance(plan, dict):
+            raise ValueError(f"{APPLY_ENV} is not a JSON object")
+    except ValueError as exc:
+        applier = Applier(torch, probe, {})
+        applier.fail(exc)
+        return None
+    applier = Applier(torch, probe, plan)
     try:
         applier.install()
     except Exception as exc:

@@ -368,7 +368,9 @@ class Probe:
             tracker.listener = self.cuda
         torch_hooks.install(torch, self)
         if os.environ.get("TRAINMEDIC_APPLY"):  # trainmedic run --apply-from
-            __import__("trainmedic.probe.apply").probe.apply.install(torch, self)
+            from trainmedic.probe import apply  # never raises: its errors become events
+
+            apply.install(torch, self)
         self.emit(self._torch_info(torch, cuda_ready=False))
 
     def _torch_info(self, torch: Any, cuda_ready: bool) -> TorchInfo:
