@@ -121,10 +121,24 @@ def tune() -> None:
     metavar="SECONDS",
     help="Time to spend measuring.",
 )
+@click.option(
+    "--step-ms",
+    type=click.FloatRange(min=0.0, max=600_000.0),
+    default=0.0,
+    metavar="MS",
+    help="Your training step's time per batch, ms (e.g. compute per step of a run): "
+    "the tuner keeps its process busy that long per batch, as training does. "
+    "Default 0: the loader alone.",
+)
 @_json_option
 @_verbose_option
 def dataloader(
-    factory: str, batch_size: int | None, budget: float, json_out: str | None, verbose: bool
+    factory: str,
+    batch_size: int | None,
+    budget: float,
+    step_ms: float,
+    json_out: str | None,
+    verbose: bool,
 ) -> int:
     """Find faster DataLoader settings for the Dataset or DataLoader that
     MODULE:FACTORY returns (MODULE: a module name, or a path to a .py file).
@@ -143,6 +157,7 @@ def dataloader(
             source,
             batch_size=batch_size,
             budget_s=budget,
+            step_s=step_ms / 1000.0,
             log=None if quiet else (lambda line: err.print(line, markup=False)),
         )
     data = result.to_dict()

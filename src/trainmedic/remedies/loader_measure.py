@@ -210,6 +210,10 @@ class LoaderBench:
         batch_size: samples per batch.
         loader_kwargs: the user's other DataLoader arguments that are kept
             (``collate_fn``, ``multiprocessing_context``, ``worker_init_fn``, ...).
+        step_s: the training step's time per batch, seconds: after each batch the
+            measuring process stays busy on its CPU that long, as training keeps it,
+            so loading that overlaps training — and competes with it for cores — is
+            measured as it will run. 0: the loader alone.
     """
 
     def __init__(
@@ -219,6 +223,7 @@ class LoaderBench:
         loader_kwargs: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.process_time,
+        step_s: float = 0.0,
     ) -> None:
         import torch.utils.data
 
@@ -227,6 +232,7 @@ class LoaderBench:
         self.loader_kwargs = dict(loader_kwargs or {})
         self.clock = clock
         self.cpu_clock = cpu_clock
+        self.step_s = max(0.0, step_s)
         self.iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         self.stream = None if self.iterable else IndexStream(len(dataset), batch_size)
 
@@ -275,6 +281,12 @@ class LoaderBench:
         )
 
     # --- a configuration --------------------------------------------------------------------------
+
+    def _train_step(self) -> None:
+        """Keep this process's CPU busy for ``step_s``, as a training step would."""
+        end = self.clock() + self.step_s
+        while self.clock() < end:
+            pass
 
     def _loader(self, settings: LoaderSettings) -> Any:
         import torch.utils.data
@@ -326,6 +338,8 @@ class LoaderBench:
                 start, rows = clock(), 0
                 while True:
                     rows += rows_of(next(iterator)) or self.batch_size
+                    if self.step_s:
+                        self._train_step()
                     elapsed = clock() - start
                     if elapsed >= window_s:
                         break

@@ -82,6 +82,7 @@ class TuneResult:
     elapsed_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     dataset_type: str | None = None
+    step_s: float = 0.0
 
     @property
     def significant(self) -> bool:
@@ -125,6 +126,7 @@ class TuneResult:
             "trials": [t.to_dict() for t in self.trials],
             "notes": list(self.notes),
             "dataset_type": self.dataset_type,
+            "step_s": self.step_s,
         }
 
 
@@ -139,6 +141,7 @@ class Search:
         cuda: pinned memory is worth measuring.
         budget_s: seconds for the search, profiling excluded.
         batch_size: samples per batch (window sizing).
+        step_s: the training step's time per batch the measurements include (0: none).
     """
 
     def __init__(
@@ -154,8 +157,10 @@ class Search:
         batch_size: int,
         clock: Callable[[], float] = time.perf_counter,
         log: Callable[[str], None] | None = None,
+        step_s: float = 0.0,
     ) -> None:
         self.measure = measure
+        self.step_s = step_s
         self.profile = profile
         self.limits = limits
         self.baseline = baseline.normalized()
@@ -337,6 +342,12 @@ class Search:
         elif not self.cuda:
             self.notes.append(
                 "pin_memory not measured: no CUDA device (it only helps copies to one)"
+            )
+        if self.step_s == 0 and kind != "latency":
+            self.notes.append(
+                "measured the loader alone: give your training step's time per batch "
+                "(--step-ms, step_s=) to compare settings beside training, which on few "
+                "cores often favours one worker fewer"
             )
         baseline, best = self._confirm(self.by_settings[self.baseline], best)
         recommended = best.settings

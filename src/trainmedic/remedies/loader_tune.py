@@ -70,6 +70,7 @@ def tune_dataloader(
     budget_s: float = DEFAULT_BUDGET_S,
     limits: LoaderLimits | None = None,
     cuda: bool | None = None,
+    step_s: float = 0.0,
     log: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> TuneResult:
@@ -81,6 +82,10 @@ def tune_dataloader(
         budget_s: seconds to spend, profiling included.
         limits: the machine's limits (default: read now).
         cuda: whether to measure ``pin_memory`` (default: a CUDA device is present).
+        step_s: the training step's time per batch, seconds (``compute`` of the run's
+            steps, say): each measurement keeps this process busy that long per batch,
+            so the settings are compared as they will run beside training. 0 (the
+            default) measures the loader alone, which favours workers on every core.
         log: receives progress lines.
 
     Returns:
@@ -97,7 +102,9 @@ def tune_dataloader(
         import torch
 
         cuda = bool(torch.cuda.is_available())
-    bench = LoaderBench(dataset, size, kept, clock=clock)
+    if step_s < 0:
+        raise UsageError(f"step time must be >= 0, got {step_s:g}")
+    bench = LoaderBench(dataset, size, kept, clock=clock, step_s=step_s)
     profile = bench.profile(max(0.5, budget_s * PROFILE_SHARE))
     limits = limits or read_limits()
     search = Search(
@@ -111,8 +118,9 @@ def tune_dataloader(
         batch_size=size,
         clock=clock,
         log=log,
+        step_s=step_s,
     )
     baseline, best, recommended = search.run()
     result = summarize(search, baseline, best, recommended, clock() - started)
     kind = type(dataset)
-    return replace(result, dataset_type=f"{kind.__module__}.{kind.__qualname__}")
+    return replace(result, dataset_type=f"{kind.__module__}.{kind.__qualname__}", step_s=step_s)
