@@ -100,10 +100,11 @@ def test_a_read_slower_than_the_timeout_is_abandoned_and_retried() -> None:
                 release.wait(30)  # hung storage; the abandoned thread ends with the test
             return i
 
-    ds = ResilientDataset(Hangs(), timeout_s=0.2, retries=1, sleep=lambda s: None)
+    # Retries to spare: on a loaded machine even a good read's thread may start late.
+    ds = ResilientDataset(Hangs(), timeout_s=0.3, retries=3, sleep=lambda s: None)
     try:
         assert ds[2] == 2
-        assert Hangs.calls == 2
+        assert Hangs.calls >= 2 and ds.retried == 1 and ds.bad == {}
     finally:
         release.set()
 

@@ -57,7 +57,7 @@ def test_a_latency_bound_dataset_gets_much_faster_settings_with_their_interval(t
     assert result["batch_size"] == 16
     assert result["profile"]["kind"] == "latency"
     assert result["dataset_type"] == "datasets.Waiting"
-    assert result["elapsed_s"] <= 4.0 + 3.0  # the budget, and the start-up of the last trial
+    assert result["elapsed_s"] <= 4.0 + 5.0  # the budget, and the start-up of the last trial
 
 
 def test_the_terminal_report_has_the_table_the_code_and_the_speedup() -> None:
