@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,15 @@ from trainmedic.remedies.loader_measure import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from datasets import Stream, Waiting
+from loader_data import Stream, Waiting
 
 
 def test_a_training_step_beside_the_loader_shows_what_overlapping_gains() -> None:
     # 20 ms to load a batch, 20 ms to train on it: in the training process the two
     # add up; one worker overlaps them, which the loader alone would never show.
     bench = LoaderBench(Waiting(n=512, wait_s=0.002), batch_size=10, step_s=0.02)
+    # The step as a wait, not a spin: the verdict must not depend on a free core.
+    bench._train_step = lambda: time.sleep(0.02)  # type: ignore[method-assign]
     serial = bench.measure(LoaderSettings(), window_s=0.3, segments=2)
     overlapped = bench.measure(LoaderSettings(num_workers=1), window_s=0.3, segments=2)
     assert serial.error is None and overlapped.error is None
@@ -63,3 +66,10 @@ def test_the_index_stream_continues_across_trials_and_covers_every_index() -> No
     third = next(iter(stream))
     assert len(set(first + second)) == 8
     assert set(first + second + third[:2]) == set(range(10))
+
+
+def test_the_training_step_keeps_the_process_busy_for_its_time() -> None:
+    ticks = iter(i * 0.004 for i in range(1000))
+    bench = LoaderBench(Waiting(n=8), batch_size=2, step_s=0.02, clock=lambda: next(ticks))
+    bench._train_step()
+    assert next(ticks) == pytest.approx(0.024)  # it read the clock until 0.02 had passed

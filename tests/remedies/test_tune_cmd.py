@@ -44,7 +44,7 @@ def tune(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_latency_bound_dataset_gets_much_faster_settings_with_their_interval(tune) -> None:  # type: ignore[no-untyped-def]
     # Waiting costs no CPU, so this holds on a loaded machine too.
-    got = tune("dataloader", "datasets:waiting_loader", "--budget", "4", "--json")
+    got = tune("dataloader", "loader_data:waiting_loader", "--budget", "4", "--json")
     assert got.returncode == 0, got.stderr
     result = json.loads(got.stdout)
     assert result["best"]["num_workers"] >= 1
@@ -56,7 +56,7 @@ def test_a_latency_bound_dataset_gets_much_faster_settings_with_their_interval(t
     assert result["baseline"]["settings"]["num_workers"] == 0  # the loader's own settings
     assert result["batch_size"] == 16
     assert result["profile"]["kind"] == "latency"
-    assert result["dataset_type"] == "datasets.Waiting"
+    assert result["dataset_type"] == "loader_data.Waiting"
     assert result["elapsed_s"] <= 4.0 + 5.0  # the budget, and the start-up of the last trial
 
 
@@ -78,7 +78,7 @@ def test_the_command_as_users_run_it_writes_its_json_file(tmp_path: Path) -> Non
     got = subprocess.run(
         [
             *(sys.executable, "-m", "trainmedic", "tune", "dataloader"),
-            *(f"{SCRIPTS / 'datasets.py'}:waiting", "--budget", "3", "--json", str(out)),
+            *(f"{SCRIPTS / 'loader_data.py'}:waiting", "--budget", "3", "--json", str(out)),
         ],
         capture_output=True,
         text=True,
@@ -94,17 +94,17 @@ def test_the_command_as_users_run_it_writes_its_json_file(tmp_path: Path) -> Non
     ("spec", "message"),
     [
         ("nocolon", "is not MODULE:FACTORY"),
-        ("datasets:", "is not MODULE:FACTORY"),
-        ("datasets:no such", "is not a Python name"),
+        ("loader_data:", "is not MODULE:FACTORY"),
+        ("loader_data:no such", "is not a Python name"),
         ("no_such_module:f", "no module named 'no_such_module'"),
         ("missing.py:f", "missing.py: no such file"),
-        ("datasets:nope", "datasets has no 'nope'"),
-        ("datasets:NOT_CALLABLE", "is a int, not a function"),
+        ("loader_data:nope", "loader_data has no 'nope'"),
+        ("loader_data:NOT_CALLABLE", "is a int, not a function"),
         ("broken_module:f", "importing broken_module failed: ValueError: math domain error at"),
-        ("datasets:raises", "datasets:raises raised ValueError: no data at /mnt/missing at"),
-        ("datasets:not_a_dataset", "expected a Dataset or a DataLoader, got builtins.int"),
-        ("datasets:empty", "the dataset is empty"),
-        ("datasets:broken_samples", "your code raised KeyError"),
+        ("loader_data:raises", "loader_data:raises raised ValueError: no data at /mnt/missing at"),
+        ("loader_data:not_a_dataset", "expected a Dataset or a DataLoader, got builtins.int"),
+        ("loader_data:empty", "the dataset is empty"),
+        ("loader_data:broken_samples", "your code raised KeyError"),
     ],
 )
 def test_bad_factories_are_one_line_errors_with_exit_2(tune, spec: str, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -117,14 +117,14 @@ def test_bad_factories_are_one_line_errors_with_exit_2(tune, spec: str, message:
 
 
 def test_verbose_shows_the_users_own_traceback(tune) -> None:  # type: ignore[no-untyped-def]
-    got = tune("dataloader", "datasets:raises", "--verbose")
+    got = tune("dataloader", "loader_data:raises", "--verbose")
     assert got.returncode == 2
     assert "Traceback" in got.stderr and "in helper" in got.stderr
     assert got.stderr.strip().splitlines()[-1].startswith("trainmedic: error: ")
 
 
 def test_a_budget_too_small_is_a_usage_error(tune) -> None:  # type: ignore[no-untyped-def]
-    got = tune("dataloader", "datasets:waiting", "--budget", "0.5")
+    got = tune("dataloader", "loader_data:waiting", "--budget", "0.5")
     assert got.returncode == 2 and "--budget" in got.stderr
 
 
@@ -147,7 +147,7 @@ def test_batch_size_finds_the_largest_fit(tune, tmp_path: Path) -> None:  # type
 
 
 def test_an_unwritable_json_file_is_refused_before_measuring(tune, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    got = tune("dataloader", "datasets:waiting", "--json", str(tmp_path / "no" / "x.json"))
+    got = tune("dataloader", "loader_data:waiting", "--json", str(tmp_path / "no" / "x.json"))
     assert got.returncode == 2 and "no directory" in got.stderr
 
 
