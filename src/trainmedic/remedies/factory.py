@@ -42,9 +42,8 @@ def _where(exc: BaseException) -> str:
     for frame in reversed(frames):
         name = frame.filename
         if not name.startswith(own) and "importlib" not in name and not name.startswith("<"):
-            return (
-                f" at {os.path.relpath(name) if not name.startswith('..') else name}:{frame.lineno}"
-            )
+            shown = os.path.relpath(name)
+            return f" at {name if shown.startswith('..') else shown}:{frame.lineno}"
     return ""
 
 
