@@ -32,6 +32,7 @@ def cli() -> None:
     trainmedic run -- CMD ...    run a training command and diagnose it
     trainmedic report RUN_DIR    show a finished run's report again
     trainmedic demo              a bundled example run
+    trainmedic tune dataloader M:F  find faster DataLoader settings (tune --help)
     """
 
 
@@ -42,7 +43,7 @@ def _register() -> None:
     # Commands of later parts register themselves here when their module exists.
     import importlib
 
-    for name in ("run_cmd", "report_cmd", "demo_cmd"):
+    for name in ("run_cmd", "report_cmd", "demo_cmd", "tune_cmd"):
         try:
             module = importlib.import_module(f"trainmedic.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -187,7 +187,9 @@ def is_own_output(flag: str, path: Path) -> bool:
     try:
         if flag == "--json":
             data = jsonfile.read_json(path, max_bytes=64 * 1024 * 1024)
-            return isinstance(data, dict) and {"schema_version", "tool", "findings"} <= set(data)
+            # Every JSON export of trainmedic (findings documents, tuning results)
+            # names its tool and schema version.
+            return isinstance(data, dict) and {"schema_version", "tool"} <= set(data)
         with open(path, "rb") as f:
             head = f.read(_SNIFF_BYTES)
     except (OSError, ValueError):

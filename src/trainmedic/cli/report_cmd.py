@@ -128,6 +128,7 @@ def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
 
 def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> None:
     from trainmedic.record.stats import summarize
+    from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
@@ -136,6 +137,7 @@ def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> No
     render_run_summary(console, record.meta, summarize(record))
     console.print()
     render_incidents(console, record)
+    render_applied(console, record)
     render_findings(console, findings, "findings", show_info=not brief)
 
 

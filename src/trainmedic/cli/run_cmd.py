@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -64,6 +64,13 @@ HTML_FILE = "report.html"
     show_default=True,
     help="Exit 1 when the job succeeded but a finding reaches this severity.",
 )
+@click.option(
+    "--apply-from",
+    metavar="PATH",
+    default=None,
+    help="Apply the fixes a previous run directory's findings (or a tune --json file) "
+    "recommend, inside the unmodified job (docs/remedies.md).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @resilience_options
 def run(
@@ -73,6 +80,7 @@ def run(
     no_html: bool,
     no_probe: bool,
     fail_on: str,
+    apply_from: str | None,
     command: tuple[str, ...],
     resilience: ResilienceOptions,
 ) -> int:
@@ -100,8 +108,18 @@ def run(
             f"the current directory cannot be used ({exc.strerror}): cd to one that exists"
         ) from None
     if simulate is not None:
-        load_simulation(simulate)
+        load_simulation(simulate)  # a bad file is refused before anything runs
     resolve_command(argv[0], os.environ)
+    environ = dict(os.environ)
+    plan = None
+    if apply_from is not None:
+        from trainmedic.remedies.apply_plan import APPLY_ENV, plan_from
+
+        if no_probe:
+            raise UsageError("--apply-from needs the probe: drop --no-probe")
+        plan = plan_from(apply_from)  # a bad source is refused before anything runs
+        _announce_plan(plan)
+        environ[APPLY_ENV] = plan.to_env()
     run_dir = Path(out) if out else default_run_dir(argv)
     prepared = prepare_run_dir(run_dir)
     options = RunOptions(
@@ -114,14 +132,16 @@ def run(
         resilience=resilience,
     )
     try:
-        outcome = RunSession(options).run()
+        outcome = RunSession(options, environ=environ).run()
     except BaseException:
         remove_unused(prepared)  # only what it created, and only when empty
         raise
     # With the disk full, the few MB of report.html would only fail.
     html = not no_html and outcome.record_loss is None
     try:
-        findings = _diagnose_and_report(run_dir, outcome, write_html=html)
+        findings = _diagnose_and_report(
+            run_dir, outcome, write_html=html, plan=None if plan is None else plan.to_dict()
+        )
     except KeyboardInterrupt:
         # The job has ended: a Ctrl-C now stops the report, never changes the job's status.
         _say(
@@ -145,8 +165,15 @@ def _say(line: str) -> None:
         click.echo(printable(line), err=True)
 
 
+def _announce_plan(plan: Any) -> None:
+    head = "nothing to apply" if plan.empty else "applying"
+    _say(f"trainmedic: {head} from {plan.source}:")
+    for line in plan.describe():
+        _say(f"  {line}")
+
+
 def _diagnose_and_report(
-    run_dir: Path, outcome: RunOutcome, write_html: bool
+    run_dir: Path, outcome: RunOutcome, write_html: bool, plan: dict[str, Any] | None = None
 ) -> list[Finding] | None:
     """Diagnose the closed record, write findings.json and report.html, print the summary.
 
@@ -179,6 +206,7 @@ def _diagnose_and_report(
             "command": list(record.meta.command),
             "exit_code": record.meta.exit_code,
             "run_dir": shown,
+            **({"apply_plan": plan} if plan is not None else {}),
         },
     )
     ranked = list(document.findings)
@@ -192,7 +220,7 @@ def _diagnose_and_report(
         if _write_file(run_dir / HTML_FILE, lambda f: f.write(render_html_report(record, ranked))):
             where = run_dir / HTML_FILE
     with contextlib.suppress(OSError, ValueError):
-        _print_summary(console, record, ranked, where)
+        _print_summary(console, record, ranked, where, plan)
     return ranked
 
 
@@ -205,9 +233,14 @@ class _StderrConsole(Console):
 
 
 def _print_summary(
-    console: Console, record: RunRecord, findings: list[Finding], where: Path | None
+    console: Console,
+    record: RunRecord,
+    findings: list[Finding],
+    where: Path | None,
+    plan: dict[str, Any] | None = None,
 ) -> None:
     from trainmedic.record.stats import summarize
+    from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
@@ -216,6 +249,7 @@ def _print_summary(
     render_run_summary(console, record.meta, summarize(record))
     console.print()
     render_incidents(console, record)
+    render_applied(console, record, None if plan is None else str(plan.get("source")))
     render_findings(console, findings, "findings")
     if where is not None:
         console.print(f"\nreport: {printable(str(where))}", soft_wrap=True, markup=False)

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import BUSY_STATES, RunView, share_of
-from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
+from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS, loader_remedies
 from trainmedic.findings.model import Category, Finding, Severity
 
 
@@ -98,11 +98,25 @@ def input_bound(view: RunView, th: Thresholds) -> list[Finding]:
             severity=severity,
             title=f"Training waits for data {exposed:.0%} of step time: {cause.title}",
             evidence=evidence,
-            fix=cause.fix,
+            fix=f"{cause.fix} {loader_remedies(cause.category.value)}",
             impact=exposed,
             subject="dataloader",
+            apply=loader_apply(view, th, cause),
         )
     ]
+
+
+def loader_apply(view: RunView, th: Thresholds, cause: InputCause) -> dict[str, Any] | None:
+    """The loader settings of the fix that ``run --apply-from`` may set: more workers
+    where the cause is not a CPU already full (``cpu``, ``contention``)."""
+    workers = view.num_workers
+    n = recommended_workers(view, th)
+    if cause.category in (Category.CPU, Category.CONTENTION) or workers is None or workers >= n:
+        return None
+    settings: dict[str, Any] = {"num_workers": n, "prefetch_factor": 4}
+    if view.uses_gpu:
+        settings["pin_memory"] = True
+    return {"dataloader": settings}
 
 
 def input_cause(view: RunView, th: Thresholds) -> InputCause:

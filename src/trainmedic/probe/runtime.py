@@ -367,6 +367,10 @@ class Probe:
             self.cuda = CudaSteps(torch, self.parts["cuda"], self._finish_step, self._cuda_ready)
             tracker.listener = self.cuda
         torch_hooks.install(torch, self)
+        if os.environ.get("TRAINMEDIC_APPLY"):  # trainmedic run --apply-from
+            from trainmedic.probe import apply  # never raises: its errors become events
+
+            apply.install(torch, self)
         self.emit(self._torch_info(torch, cuda_ready=False))
 
     def _torch_info(self, torch: Any, cuda_ready: bool) -> TorchInfo:

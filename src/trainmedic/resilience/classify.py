@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
+from trainmedic.findings.fixes import MICRO_BATCH_FIX, RESILIENT_DATA_FIX, SHM_FIX_WITH_WORKERS
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuRef as GpuRef
@@ -993,7 +993,7 @@ _FIXES: dict[FailureClass, str] = {
         "(trainmedic sets TRAINMEDIC_MICRO_BATCH_DIVISOR; read it with "
         "trainmedic.micro_batch_plan(batch_size)); use bf16 autocast; set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True when memory reserved but unallocated "
-        "is large."
+        "is large. " + MICRO_BATCH_FIX
     ),
     FailureClass.HOST_ALLOC_FAILURE: (
         "Host memory ran short: lower DataLoader num_workers and prefetch_factor (each worker "
@@ -1016,7 +1016,7 @@ _FIXES: dict[FailureClass, str] = {
         "NCCL_DEBUG=WARN logs NCCL's view."
     ),
     FailureClass.DATALOADER_WORKER_DIED: (
-        "Reproduce with num_workers=0 to see the dataset's own error."
+        "Reproduce with num_workers=0 to see the dataset's own error. " + RESILIENT_DATA_FIX
     ),
     FailureClass.SEGFAULT: (
         "Run with PYTHONFAULTHANDLER=1 to get the Python stack at the crash; suspect native "
