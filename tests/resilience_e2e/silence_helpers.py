@@ -3,6 +3,7 @@ a local HTTP server that answers slowly (or never), and the job's own timestamps
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -65,7 +66,7 @@ def train_step_ends(run: Run) -> list[float]:
 def longest_gap(ends: list[float], start: float, end: float) -> float:
     """The longest time without a train step between ``start`` and ``end``."""
     inside = [start, *(t for t in ends if start < t < end), end]
-    return max(b - a for a, b in zip(inside, inside[1:], strict=False))
+    return max(b - a for a, b in itertools.pairwise(inside))
 
 
 class _Slow(BaseHTTPRequestHandler):

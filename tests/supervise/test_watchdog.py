@@ -100,14 +100,14 @@ def run_until(dog: Watchdog, clock: Clock, end: float, feed=None) -> float | Non
 
 
 def test_a_job_without_torch_or_steps_is_never_declared_hung() -> None:
-    dog, clock, observer = make_watchdog(TimeoutConfig(startup_s=5))
+    dog, clock, _ = make_watchdog(TimeoutConfig(startup_s=5))
     hello(clock)
     assert run_until(dog, clock, 60) is None
     assert not dog.armed
 
 
 def test_torch_arms_the_startup_timeout() -> None:
-    dog, clock, observer = make_watchdog(TimeoutConfig(startup_s=5))
+    dog, clock, _ = make_watchdog(TimeoutConfig(startup_s=5))
     hello(clock)
     clock.table.update(PID, torch=TorchInfo(PID, clock.wall(), "2.3", None, None, False))
     assert run_until(dog, clock, 60) == 5.0
@@ -116,7 +116,7 @@ def test_torch_arms_the_startup_timeout() -> None:
 
 
 def test_a_fixed_timeout_counts_from_the_last_step_of_the_lead() -> None:
-    dog, clock, observer = make_watchdog(TimeoutConfig(fixed_s=1.0), explicit=True)
+    dog, clock, _ = make_watchdog(TimeoutConfig(fixed_s=1.0), explicit=True)
     hello(clock)
 
     def feed(now: float) -> None:
@@ -130,7 +130,7 @@ def test_a_fixed_timeout_counts_from_the_last_step_of_the_lead() -> None:
 
 
 def test_a_marked_phase_gets_its_own_bound_and_ends_with_its_record() -> None:
-    dog, clock, observer = make_watchdog(TimeoutConfig(fixed_s=1.0, phase_s=30.0), explicit=True)
+    dog, clock, _ = make_watchdog(TimeoutConfig(fixed_s=1.0, phase_s=30.0), explicit=True)
     hello(clock)
     dog.add_step(step(clock, 1))
 
@@ -177,7 +177,7 @@ def test_without_evidence_the_conservative_bound_applies() -> None:
 
 
 def test_rank_0_leads_and_other_ranks_do_not_reset_the_clock() -> None:
-    dog, clock, observer = make_watchdog(TimeoutConfig(fixed_s=1.0), explicit=True)
+    dog, clock, _ = make_watchdog(TimeoutConfig(fixed_s=1.0), explicit=True)
     dog.add_step(step(clock, 1, pid=11, rank=1))
     dog.add_step(step(clock, 1, pid=10, rank=0))
 
@@ -190,7 +190,7 @@ def test_rank_0_leads_and_other_ranks_do_not_reset_the_clock() -> None:
 
 
 def test_observations_carry_the_resume_step_and_the_workers() -> None:
-    dog, clock, observer = make_watchdog(TimeoutConfig(fixed_s=1.0), explicit=True)
+    dog, clock, _ = make_watchdog(TimeoutConfig(fixed_s=1.0), explicit=True)
     dog.add_event(RunEvent(clock.wall(), "checkpoint_resumed", "resumed", PID, {"step": 30}))
     dog.add_loader(LoaderInfo(clock.wall(), PID, 1, 4, 32, True, 2, False))
     dog.add_step(step(clock, 1))

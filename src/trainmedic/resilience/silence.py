@@ -13,10 +13,12 @@ classify it:
 
 * ``work``: forward/backward/optimizer calls or batches counted; the
   training thread reached new code; bytes read or written by the thread's own
-  I/O; files open for writing grow, or pages are dirtied, by a megabyte or
-  more; storage flushes while the thread waits in ``fsync``/``write``; CPU time
-  advancing while the thread is parked in a native compute or I/O call (a
-  torch op, ``torch.save``, compression); GPU activity while it waits on nothing;
+  I/O, or a socket read that keeps returning (socket bytes never show in the
+  kernel's per-process counters; the thread's wake-ups do); files open for
+  writing grow, or pages are dirtied, by a megabyte or more; storage flushes
+  while the thread waits in ``fsync``/``write``; CPU time advancing while the
+  thread is parked in a native compute or I/O call (a torch op,
+  ``torch.save``, compression); GPU activity while it waits on nothing;
 * ``blocked``: off-CPU, nothing moving, parked in a sleep, a lock, a
   condition, a queue, a join;
 * ``spinning``: CPU advancing while the thread runs Python in place, calling no work;
@@ -89,6 +91,8 @@ class KernelView:
         span_s: the window's length, seconds.
         cpu_s: CPU seconds of all its threads but the probe's, in the window.
         run_wait_s: seconds its main thread waited for a CPU (run queue).
+        wakeups: times its main thread was put on a CPU: one parked in a read
+            that keeps waking is receiving data.
         io_bytes: bytes read and written (``rchar + wchar``) by its threads but
             the probe's: sockets, pipes, files.
         dirtied_bytes: bytes of page cache it dirtied (``write_bytes``): a large
@@ -105,6 +109,7 @@ class KernelView:
     span_s: float
     cpu_s: float | None = None
     run_wait_s: float | None = None
+    wakeups: int | None = None
     io_bytes: int | None = None
     dirtied_bytes: int | None = None
     growth_bytes: int | None = None
@@ -369,6 +374,11 @@ def _work(
         # Bytes moved by the thread's own I/O (a slow remote sample arriving). While
         # it sleeps or waits, other threads' chatter (a log line) is no work of it.
         return f"read or wrote {k.io_bytes} bytes" + (f" ({k.target})" if k.target else "")
+    if kind is not None and kind.io and (k.wakeups or 0) > 0 and k.state != "D":
+        # Sockets' bytes never show in rchar/wchar: a read that keeps returning does.
+        return f"its I/O keeps returning ({k.wakeups} wake-ups" + (
+            f", {k.target})" if k.target else ")"
+        )
     if kind is PlaceKind.FILE and k.state == "D" and (k.flushed_bytes or 0) > 0:
         return f"storage is flushing its writes ({k.flushed_bytes / MIB:.1f} MiB in the window)"  # type: ignore[operator]
     if k.on_cpu and kind in (PlaceKind.COMPUTE, PlaceKind.FILE):

@@ -26,6 +26,7 @@ Nothing is read while steps flow: the cost is paid only in silences.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import deque
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from trainmedic.gpu.types import GpuSample
-from trainmedic.resilience.places import Place
+from trainmedic.resilience.places import Place, PlaceKind, classify_place
 from trainmedic.resilience.silence import (
     JobEvidence,
     KernelView,
@@ -136,6 +137,15 @@ class SilenceObserver:
                 continue
             stack = self._stack(history, state, wall, since_wall, now)
             kernel = self._kernel(pid, history, base, now, snap)
+            if (
+                kernel.target is None
+                and stack is not None
+                and stack.fresh
+                and classify_place(stack.place) is PlaceKind.SOCKET
+            ):
+                peers = procview.socket_peers(pid, self._proc)
+                if peers:
+                    kernel = dataclasses.replace(kernel, target="socket " + ", ".join(peers))
             windows.append(
                 ProcessWindow(
                     pid=pid,
@@ -174,8 +184,15 @@ class SilenceObserver:
         if snap.fd is not None:
             target, dev = procview.fd_target(pid, snap.fd, self._proc)
         growth = flushed = None
-        if snap.state == "D" or snap.syscall in ("write", "pwrite64", "writev", "fsync",
-                                                   "fdatasync", "sync_file_range", "close"):
+        if snap.state == "D" or snap.syscall in (
+            "write",
+            "pwrite64",
+            "writev",
+            "fsync",
+            "fdatasync",
+            "sync_file_range",
+            "close",
+        ):
             growth = self._growth(pid, history)
             flushed = self._flushed(history, dev)
         else:
@@ -185,6 +202,7 @@ class SilenceObserver:
             span_s=span,
             cpu_s=_delta(snap.cpu_s, old.cpu_s, snap.probe_cpu_s, old.probe_cpu_s),
             run_wait_s=_delta(snap.run_wait_s, old.run_wait_s),
+            wakeups=_int(_delta(snap.wakeups, old.wakeups)),
             io_bytes=_int(_delta(snap.io_chars, old.io_chars, snap.probe_io_chars,
                                  old.probe_io_chars)),
             dirtied_bytes=_int(_delta(snap.dirtied_bytes, old.dirtied_bytes)),

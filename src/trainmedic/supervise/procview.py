@@ -74,6 +74,9 @@ class ProcSnapshot:
         dirtied_bytes: ``write_bytes``: page cache it dirtied.
         state: the main thread's state letter.
         run_wait_s: seconds the main thread waited on a run queue.
+        wakeups: times the main thread was put on a CPU (``schedstat``): a thread
+            parked in a read that keeps being woken is receiving data (socket
+            bytes never show in ``rchar``).
         syscall: the main thread's system call name, ``running``, or ``None``.
         fd: the descriptor that call works on, when it takes one.
     """
@@ -86,6 +89,7 @@ class ProcSnapshot:
     dirtied_bytes: int | None = None
     state: str | None = None
     run_wait_s: float | None = None
+    wakeups: int | None = None
     syscall: str | None = None
     fd: int | None = None
 
@@ -162,11 +166,13 @@ def read_process(
     if probe_tid is not None and probe_tid != pid:
         _, probe_cpu = _stat_fields(_read(f"{base}/task/{probe_tid}/stat"))
         probe_chars, _ = _io_fields(_read(f"{base}/task/{probe_tid}/io"))
-    run_wait = None
+    run_wait = wakeups = None
     sched = _read(f"{base}/schedstat")
     if sched:
         with contextlib.suppress(IndexError, ValueError):
-            run_wait = int(sched.split()[1]) / 1e9
+            fields = sched.split()
+            run_wait = int(fields[1]) / 1e9
+            wakeups = int(fields[2])
     syscall, fd = parse_syscall(_read(f"{base}/syscall"))
     return ProcSnapshot(
         pid=pid,
@@ -177,6 +183,7 @@ def read_process(
         dirtied_bytes=dirtied,
         state=state,
         run_wait_s=run_wait,
+        wakeups=wakeups,
         syscall=syscall,
         fd=fd,
     )
@@ -202,6 +209,33 @@ def fd_target(pid: int, fd: int, root: str = "/proc") -> tuple[str | None, int |
     except OSError:
         dev = None
     return target, dev
+
+
+def socket_peers(pid: int, root: str = "/proc", limit: int = 3) -> list[str]:
+    """``host:port`` of the remote ends of the TCP connections ``pid`` holds (for a
+    thread waiting in ``poll`` on sockets, whose call names no descriptor)."""
+    directory = f"{root}/{pid}/fd"
+    try:
+        names = os.listdir(directory)[:MAX_FDS]
+    except OSError:
+        return []
+    inodes = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{directory}/{name}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    peers: list[str] = []
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        text = _read(f"{root}/{pid}/net/{table}") if inodes else None
+        for line in (text or "").splitlines()[1:]:
+            fields = line.split()
+            # State 01 is ESTABLISHED: a connection, not a listening socket.
+            if len(fields) > 9 and fields[9] in inodes and fields[3] == "01":
+                peer = _address(fields[2], v6)
+                if peer and peer not in peers:
+                    peers.append(peer)
+    return peers[:limit]
 
 
 def _socket_peer(pid: int, inode: str, root: str) -> str | None:

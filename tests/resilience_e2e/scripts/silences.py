@@ -80,7 +80,8 @@ class Remote(Dataset[torch.Tensor]):
     def __getitem__(self, i: int) -> torch.Tensor:
         with urllib.request.urlopen(f"{self.url}/{i}", timeout=3600) as answer:
             body = answer.read()
-        return torch.frombuffer(bytearray(body[:256].ljust(256, b"\0")), dtype=torch.uint8)[:64].float()
+        raw = bytearray(body[:64].ljust(64, b"\0"))
+        return torch.frombuffer(raw, dtype=torch.uint8).float()
 
 
 class Stalling(Remote):
