@@ -55,6 +55,10 @@ def inside(*modules: str, calls: tuple[str, ...] = (), op: str = "CALL") -> Plac
         (at((), op="BINARY_OP"), PlaceKind.COMPUTE),  # a @ b on big tensors
         (at(("x", "matmul")), PlaceKind.COMPUTE),  # a method of unknown nature, parked
         (at((), op="JUMP_BACKWARD"), PlaceKind.PYTHON),  # while True: x += 1
+        (at((), op="POP_JUMP_BACKWARD_IF_TRUE"), PlaceKind.PYTHON),  # 3.11: while x >= 0: ...
+        (at((), op="JUMP_ABSOLUTE"), PlaceKind.PYTHON),  # 3.10
+        (at((), op="NOP"), PlaceKind.PYTHON),
+        (at((), op="BINARY_SUBSCR"), PlaceKind.COMPUTE),
         (at(("len",), op="PRECALL"), PlaceKind.PYTHON),
         (at(("lock", "locked"), op="CALL"), PlaceKind.PYTHON),  # a cheap builtin
         (at(("helper",), op="RESUME"), PlaceKind.PYTHON),

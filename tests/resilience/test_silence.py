@@ -82,6 +82,11 @@ def silence_of(stack: Place | StackView | None, k: KernelView | None, **extra: o
         (place(op="JUMP_BACKWARD"), kernel(cpu=1.0, state="R"), Silence.SPINNING),
         (place(op="JUMP_BACKWARD"), kernel(cpu=1.0, io_bytes=200), Silence.SPINNING),
         (
+            StackView(place(op="JUMP_BACKWARD"), samples=4, gil_busy=4),
+            kernel(cpu=0.1, state="R", run_wait_s=0.9),
+            Silence.SPINNING,
+        ),  # starved of CPU by other load, but the loop holds the interpreter lock
+        (
             StackView(place("flag", "check"), samples=4, gil_busy=4),
             kernel(cpu=1.0),
             Silence.SPINNING,

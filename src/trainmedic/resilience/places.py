@@ -97,6 +97,12 @@ BREAKER_OPS = frozenset(
     {
         "JUMP_BACKWARD",
         "JUMP_BACKWARD_NO_INTERRUPT",
+        "POP_JUMP_BACKWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_NONE",
+        "POP_JUMP_BACKWARD_IF_NOT_NONE",
+        "POP_JUMP_IF_TRUE",
+        "POP_JUMP_IF_FALSE",
         "JUMP_ABSOLUTE",
         "RESUME",
         "RESUME_CHECK",
@@ -538,8 +544,24 @@ def _call_kind(place: Place, last: str, root: str) -> PlaceKind:
     return PlaceKind.COMPUTE if place.op not in BREAKER_OPS else PlaceKind.PYTHON
 
 
+_NATIVE_OP_PREFIXES = (
+    "BINARY_",
+    "INPLACE_",
+    "UNARY_",
+    "COMPARE_OP",
+    "CONTAINS_OP",
+    "STORE_SUBSCR",
+    "DELETE_SUBSCR",
+    "FOR_ITER",
+    "GET_ITER",
+    "IMPORT_NAME",
+)
+
+
 def native_op(place: Place) -> bool:
-    """The innermost frame stands at an instruction a running thread never yields
-    at: it is inside the native code that instruction called (``a @ b``, a C
-    function that released the interpreter lock)."""
-    return bool(place.op) and place.op not in BREAKER_OPS and place.op not in CALL_OPS
+    """The innermost frame stands at an operator that dispatches to native code
+    (``a @ b``, ``x[i]``, the next item of a C iterator), where a running thread
+    never yields: it is inside that code, which released the interpreter lock.
+    Jumps, function entries and calls are not such places."""
+    op = place.op
+    return op.startswith(_NATIVE_OP_PREFIXES) and "JUMP" not in op

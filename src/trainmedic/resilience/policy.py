@@ -80,8 +80,8 @@ class AttemptRecord:
         classification: how it ended.
         duration_s: how long it ran, seconds.
         steps_reached: the highest training step it reached, counted from the
-            run's start when the job resumes from checkpoints (else within the
-            attempt); ``None`` when unknown.
+            run's start (the first attempt's, or a later one's whose resume step
+            is known); ``None`` when unknown.
         remedies: names of the remedies it ran with.
         trained_s: seconds from its first step's start to its last step's end
             (``None``: no step seen).
@@ -133,8 +133,11 @@ class RestartState:
 
     def made_progress(self, index: int) -> bool:
         """Whether attempt ``index`` (0-based) trained for a while: at least
-        :data:`PROGRESS_MIN_S` of steps and, when steps are known, further than
-        every earlier attempt got; without any step seen, it ran that long."""
+        :data:`PROGRESS_MIN_S` of steps and, when the run's step is known, further
+        than every earlier attempt got; without any step seen, it ran that long.
+        (A job whose resume step trainmedic cannot know — no Checkpointer, no
+        ``--checkpoint-glob`` — is taken at its word that it resumes: set
+        ``--max-total-restarts`` to cap one that starts over each time.)"""
         attempt = self.attempts[index]
         if attempt.trained_s is None:
             return attempt.steps_reached is None and attempt.duration_s >= PROGRESS_MIN_S

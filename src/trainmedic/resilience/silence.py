@@ -326,12 +326,14 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
         return verdict(Silence.UNCLEAR, "waits for a CPU; its heartbeats are late")
     if kind in (PlaceKind.SOCKET, PlaceKind.FILE):
         return _source_wait(verdict, k, kind, where)
+    if kind is PlaceKind.PYTHON and s is not None and (k.on_cpu or s.python_running):
+        # The interpreter lock shows Python running even when a loaded machine
+        # gives the loop little CPU.
+        return verdict(
+            Silence.SPINNING,
+            f"runs Python in place{where} on {_cores(k)} of CPU, calling no work",
+        )
     if k.on_cpu:
-        if kind is PlaceKind.PYTHON and s is not None:
-            return verdict(
-                Silence.SPINNING,
-                f"runs Python in place{where} on {_cores(k)} of CPU, calling no work",
-            )
         return verdict(
             Silence.UNCLEAR, f"uses {_cores(k)} of CPU{where or ' with no stack to read'}"
         )

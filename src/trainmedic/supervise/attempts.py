@@ -682,13 +682,17 @@ class AttemptLoop:
 
 
 def _steps_reached(number: int, obs: AttemptObservations, resume: ResumePoint | None) -> int | None:
-    """The furthest step of the run the attempt reached (see ``AttemptRecord``)."""
+    """The furthest step of the run the attempt reached (see ``AttemptRecord``);
+    ``None`` when a later attempt's starting step is unknown (its own count of
+    steps says nothing about how far the run got)."""
     start = obs.resume_step
     if start is None and resume is not None:
         start = resume.step
     if start is None and number == 1:
         start = 0
-    return obs.steps + (start or 0)
+    if start is None:
+        return None
+    return obs.steps + start
 
 
 def _verdict_data(v: TimeoutVerdict, evidence: JobEvidence | None) -> dict[str, Any]:
