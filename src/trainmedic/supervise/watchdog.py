@@ -57,6 +57,8 @@ from trainmedic.supervise.processes import ProcessState, ProcessTable
 
 SILENCE_MIN_S = 0.5
 """No step (or phase mark) for this long, in seconds, is a silence worth evidence."""
+EVIDENCE_SLOW_S = 1.0
+"""Seconds between two evidence windows while evidence does not set the bound."""
 LAST_STEPS = 20
 RESUMED_EVENT = "checkpoint_resumed"
 """Event a Checkpointer sends through the probe after it loaded a checkpoint."""
@@ -162,6 +164,7 @@ class Watchdog:
         self._phase = TRAIN_PHASE
         self._hb_t: float | None = None
         self._silent_since = started_wall
+        self._observed_at: float | None = None
         self.evidence: JobEvidence | None = None
         if hasattr(self, "observer"):
             self.observer.reset()
@@ -246,7 +249,8 @@ class Watchdog:
                 return None
             self._follow_heartbeat()
             wall = self._wall()
-            if wall - self._silent_since >= SILENCE_MIN_S:
+            if wall - self._silent_since >= SILENCE_MIN_S and self._evidence_due(now):
+                self._observed_at = now
                 evidence = self.observer.observe(now, self._silent_since)
                 if evidence is not None:
                     self.evidence = evidence
@@ -257,6 +261,14 @@ class Watchdog:
                 return None
             verdict = self.timeout.verdict(now)
             return verdict if verdict.hung else None
+
+    def _evidence_due(self, now: float) -> bool:
+        """At every check where evidence sets the bound (after steps were learned);
+        once a second otherwise (start-up, warm-up, marked phases: for the report)."""
+        assert self.timeout is not None
+        if self.timeout.verdict(now).basis in ("learned", "pause"):
+            return True
+        return self._observed_at is None or now - self._observed_at >= EVIDENCE_SLOW_S
 
     def status(self, now: float) -> TimeoutVerdict | None:
         """The current verdict, hung or not (``None`` before an attempt)."""
