@@ -214,6 +214,46 @@ def crash_loop(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+_SILENT_JOB = """
+import os, sys, time, trainmedic
+n = int(sys.argv[1])
+for _ in range(n - 1):
+    if os.fork() == 0:
+        time.sleep(float(sys.argv[2]) + 30)
+        os._exit(0)
+for _ in range(100):
+    time.sleep(0.05)
+    trainmedic.step()
+open(sys.argv[3], "w").write(str(time.time()))
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def observer_cost(processes: int, silence_s: float) -> dict[str, Any]:
+    """The supervisor's CPU while a job of ``processes`` processes is silent (it
+    reads every one of them four times a second) and while it steps."""
+    with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
+        mark = Path(tmp) / "silent"
+        cmd = [
+            sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html",
+            "--out", str(Path(tmp) / "run"), "--timeout-floor", str(silence_s * 4), "--",
+            sys.executable, "-c", _SILENT_JOB, str(processes), str(silence_s), str(mark),
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        me = psutil.Process(proc.pid)
+        try:
+            if wait_for_time(mark, 120) is None:
+                raise RuntimeError("the job never went silent")
+            time.sleep(1.0)  # the first second of a silence reads only baselines
+            t0, c0 = time.monotonic(), sum(me.cpu_times()[:2])
+            time.sleep(silence_s - 2.0)
+            t1, c1 = time.monotonic(), sum(me.cpu_times()[:2])
+            proc.wait(timeout=silence_s + 120)
+        finally:
+            _kill_tree(proc)
+    return {"processes": processes, "cpu_pct_of_core": 100.0 * (c1 - c0) / (t1 - t0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hangs", nargs="+", default=["sleep", "lock", "busy"])
@@ -225,8 +265,22 @@ def main() -> None:
     parser.add_argument("--crash-loop", action="store_true")
     parser.add_argument("--crash-every", type=float, default=30.0)
     parser.add_argument("--crashes", type=int, default=5)
+    parser.add_argument(
+        "--observer-cost",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="N",
+        help="the supervisor's CPU while jobs of N processes are silent",
+    )
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args()
+    if args.observer_cost is not None:
+        costs = [observer_cost(n, 20.0) for n in (args.observer_cost or [1, 8, 32])]
+        for c in costs:
+            print(f"| {c['processes']} | {c['cpu_pct_of_core']:.2f} % |", flush=True)
+        _write(args.json, costs)
+        return
     if args.crash_loop:
         results = crash_loop(args)
         print(json.dumps(results, indent=1))
@@ -250,7 +304,8 @@ def main() -> None:
                     runs.append(nvrx_once(args.step_s, kind, Path(tmp), args.torch))
             rows.append(_row(kind, "ft_launcher, 5 s heartbeat timeout (job changed)", runs))
         if not args.no_torchrun:
-            longest = max(r["detection_max_s"] for r in rows if r["detection_max_s"] is not None)
+            seen_s = [r["detection_max_s"] for r in rows if r.get("detection_max_s") is not None]
+            longest = max(seen_s)
             with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
                 seen = torchrun_once(args.step_s, kind, 3 * longest, Path(tmp))
             rows.append({"hang": kind, "launcher": "torchrun --max-restarts 3", **seen})
