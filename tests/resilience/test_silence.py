@@ -134,6 +134,10 @@ def test_a_late_heartbeat_leaves_the_kernel_to_decide() -> None:
     # Busy, or waiting for a CPU: the old stack cannot tell a spin from work.
     assert silence_of(stale, kernel(cpu=1.0, state="R")) is Silence.UNCLEAR
     assert silence_of(stale, kernel(state="R", run_wait_s=0.8)) is Silence.UNCLEAR
+    # Heartbeats long in transit: the supervisor, not the job, is short of CPU.
+    behind = StackView(place(op="JUMP_BACKWARD"), fresh=False, lag_s=3.0)
+    e = classify_process(window(behind, kernel(cpu=0.0)))
+    assert e.silence is Silence.UNCLEAR and "supervisor is short of CPU" in e.why
 
 
 def test_the_kernel_alone_names_the_wait_of_a_process_without_a_probe() -> None:

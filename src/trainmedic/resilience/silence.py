@@ -62,6 +62,8 @@ PYTHON_IO_BYTES = 64 * 1024
 """Bytes a thread running Python must move in a window to count as I/O work
 (reading a file line by line does; a loop printing a status line does not)."""
 MIB = 1024 * 1024
+LATE_S = 1.0
+"""A heartbeat this long in transit says the supervisor falls behind."""
 
 
 class Silence(str, Enum):
@@ -151,6 +153,9 @@ class StackView:
         work: growth of the count of outermost forward/backward/optimizer
             calls and DataLoader batches.
         novel: the thread reached code not seen before in this silence.
+        lag_s: seconds the latest heartbeat spent between the probe's send and
+            the supervisor's receipt (``None``: unknown): a long one means the
+            supervisor, not the job, is short of CPU.
     """
 
     place: Place
@@ -159,6 +164,7 @@ class StackView:
     gil_busy: int = 0
     work: int = 0
     novel: bool = False
+    lag_s: float | None = None
 
     @property
     def python_running(self) -> bool:
@@ -322,7 +328,14 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
         return verdict(Silence.PEER_WAIT, f"waits in {what}{where}")
     if k is None:
         return verdict(Silence.UNCLEAR, "its CPU and I/O cannot be read")
-    if k.starved and window.stack is not None and s is None:
+    late = window.stack is not None and s is None
+    if late and (window.stack.lag_s or 0.0) >= LATE_S:  # type: ignore[union-attr]
+        lag = window.stack.lag_s  # type: ignore[union-attr]
+        return verdict(
+            Silence.UNCLEAR,
+            f"its heartbeats take {lag:.1f} s to arrive: the supervisor is short of CPU",
+        )
+    if k.starved and late:
         return verdict(Silence.UNCLEAR, "waits for a CPU; its heartbeats are late")
     if kind in (PlaceKind.SOCKET, PlaceKind.FILE):
         return _source_wait(verdict, k, kind, where)

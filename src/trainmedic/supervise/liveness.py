@@ -14,8 +14,9 @@ per process over the last second:
   thread writes or syncs is asked how much it flushed, only when that thread
   is in file I/O (a descriptor scan per process is the costly part);
 * the heartbeat is *fresh* when sent within :data:`HEARTBEAT_FRESH_S`: a late
-  one (the probe's thread starved of CPU, or holding no interpreter lock)
-  describes the past, and the classifier then trusts only the kernel;
+  one (the probe's thread starved of CPU or of the interpreter lock, or the
+  supervisor behind in reading — the heartbeat's send and receive times tell
+  which) describes the past, and the classifier then trusts only the kernel;
 * *work* counts forward/backward/optimizer calls and batches between two
   heartbeats sent during the silence, and *novel* code is a call chain the
   silence had not shown before (the first heartbeat of a silence is its
@@ -238,6 +239,7 @@ class SilenceObserver:
         now: float,
     ) -> StackView | None:
         hb = state.last_heartbeat if state is not None else None
+        received = state.heartbeat_received if state is not None else None
         if hb is None:
             return None
         if hb.t != history.last_hb_t:
@@ -261,6 +263,7 @@ class SilenceObserver:
             gil_busy=hb.gil_busy,
             work=work,
             novel=history.novel_at is not None and history.novel_at >= now - WINDOW_S,
+            lag_s=None if received is None else received - hb.t,
         )
 
     def _gpu_busy(self, pid: int) -> bool | None:
