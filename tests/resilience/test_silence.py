@@ -134,6 +134,9 @@ def test_a_late_heartbeat_leaves_the_kernel_to_decide() -> None:
     # Busy, or waiting for a CPU: the old stack cannot tell a spin from work.
     assert silence_of(stale, kernel(cpu=1.0, state="R")) is Silence.UNCLEAR
     assert silence_of(stale, kernel(state="R", run_wait_s=0.8)) is Silence.UNCLEAR
+    # Python running through many places calling no library: work or a spin, unclear.
+    many = StackView(place(op="JUMP_BACKWARD"), samples=4, gil_busy=4, places=9)
+    assert silence_of(many, kernel(cpu=1.0)) is Silence.UNCLEAR
     # Heartbeats long in transit: the supervisor, not the job, is short of CPU.
     behind = StackView(place(op="JUMP_BACKWARD"), fresh=False, lag_s=3.0)
     e = classify_process(window(behind, kernel(cpu=0.0)))

@@ -62,6 +62,8 @@ PYTHON_IO_BYTES = 64 * 1024
 """Bytes a thread running Python must move in a window to count as I/O work
 (reading a file line by line does; a loop printing a status line does not)."""
 MIB = 1024 * 1024
+SPIN_PLACES = 3
+"""A thread running Python through more places than this may be working."""
 LATE_S = 1.0
 """A heartbeat this long in transit says the supervisor falls behind."""
 
@@ -153,6 +155,8 @@ class StackView:
         work: growth of the count of outermost forward/backward/optimizer
             calls and DataLoader batches.
         novel: the thread reached code not seen before in this silence.
+        places: distinct places (frames with lines) the heartbeats of this
+            silence found the thread at: a spin-wait cycles through one to three.
         lag_s: seconds the latest heartbeat spent between the probe's send and
             the supervisor's receipt (``None``: unknown): a long one means the
             supervisor, not the job, is short of CPU.
@@ -165,6 +169,7 @@ class StackView:
     work: int = 0
     novel: bool = False
     lag_s: float | None = None
+    places: int = 1
 
     @property
     def python_running(self) -> bool:
@@ -340,6 +345,13 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
     if kind in (PlaceKind.SOCKET, PlaceKind.FILE):
         return _source_wait(verdict, k, kind, where)
     if kind is PlaceKind.PYTHON and s is not None and (k.on_cpu or s.python_running):
+        if s.places > SPIN_PLACES:
+            # Long pure-Python work (a metric over a corpus) also calls no library;
+            # a spin-wait circles one to three places.
+            return verdict(
+                Silence.UNCLEAR,
+                f"runs Python through {s.places} places{where}, calling no library",
+            )
         # The interpreter lock shows Python running even when a loaded machine
         # gives the loop little CPU.
         return verdict(

@@ -71,6 +71,7 @@ class _History:
     heartbeats: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=8))
     last_hb_t: float | None = None
     chains: set[tuple[str, ...]] = field(default_factory=set)
+    places: set[tuple[str, ...]] = field(default_factory=set)
     novel_at: float | None = None
 
 
@@ -250,6 +251,8 @@ class SilenceObserver:
                 if history.chains and chain not in history.chains:
                     history.novel_at = now
                 history.chains.add(chain)
+                if len(history.places) < 64:
+                    history.places.add(hb.stack[:3])
         work = 0
         recent = [w for t, w in history.heartbeats if t >= now - WINDOW_S]
         older = [w for t, w in history.heartbeats if t < now - WINDOW_S]
@@ -264,6 +267,7 @@ class SilenceObserver:
             work=work,
             novel=history.novel_at is not None and history.novel_at >= now - WINDOW_S,
             lag_s=None if received is None else received - hb.t,
+            places=max(1, len(history.places)),
         )
 
     def _gpu_busy(self, pid: int) -> bool | None:
