@@ -127,349 +127,106 @@ CALL_OPS = frozenset(
 
 # --- what names and modules say ------------------------------------------------------------
 
-_PEER_MODULES = (
-    "torch.distributed",
-    "torch._C._distributed",
-    "deepspeed.comm",
-    "horovod",
-    "megatron.core.parallel_state",
-    "apex.parallel",
-    "jax._src.distributed",
-    "torch_xla.core.xla_model",
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+_PEER_MODULES = tuple(
+    _words(
+        "torch.distributed torch._C._distributed deepspeed.comm horovod "
+        "megatron.core.parallel_state apex.parallel jax._src.distributed "
+        "torch_xla.core.xla_model"
+    )
 )
 _NOT_PEER_MODULES = ("torch.distributed.checkpoint", "torch.distributed.elastic")
 _COLLECTIVES = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "all_to_all",
-        "all_to_all_single",
-        "barrier",
-        "monitored_barrier",
-        "broadcast",
-        "broadcast_object_list",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "gather",
-        "gather_object",
-        "scatter",
-        "scatter_object_list",
-        "send",
-        "recv",
-        "isend",
-        "irecv",
-        "batch_isend_irecv",
-        "allreduce",
-        "allgather",
-        "init_process_group",
-        "new_group",
-    }
+    _words(
+        "all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all "
+        "all_to_all_single barrier monitored_barrier broadcast broadcast_object_list reduce "
+        "reduce_scatter reduce_scatter_tensor gather gather_object scatter "
+        "scatter_object_list send recv isend irecv batch_isend_irecv allreduce allgather "
+        "init_process_group new_group"
+    )
 )
 _DIST_ROOTS = frozenset({"dist", "distributed", "torch", "c10d", "hvd", "deepspeed", "comm"})
 _DEVICE_SYNC = frozenset({"synchronize", "item", "tolist", "cpu", "numpy", "query"})
 
 _SLEEP_CALLS = frozenset({"sleep", "usleep", "nanosleep", "pause", "sigwait", "sigtimedwait"})
-_LOCK_MODULES = (
-    "threading",
-    "queue",
-    "multiprocessing",
-    "concurrent.futures",
-    "selectors",
-    "asyncio",
-    "torch.multiprocessing",
-    "torch.utils.data.dataloader",
+_LOCK_MODULES = tuple(
+    _words(
+        "threading queue multiprocessing concurrent.futures selectors asyncio "
+        "torch.multiprocessing torch.utils.data.dataloader"
+    )
 )
 _LOCK_CALLS = frozenset(
-    {
-        "acquire",
-        "wait",
-        "wait_for",
-        "join",
-        "get",
-        "put",
-        "result",
-        "exception",
-        "select",
-        "poll",
-        "epoll",
-        "kqueue",
-        "recv_bytes",
-        "recv_bytes_into",
-        "_recv_bytes",
-        "_poll",
-        "as_completed",
-        "lockf",
-        "flock",
-    }
+    _words(
+        "acquire wait wait_for join get put result exception select poll epoll kqueue "
+        "recv_bytes recv_bytes_into _recv_bytes _poll as_completed lockf flock"
+    )
 )
 _CHILD_MODULES = ("subprocess",)
 _CHILD_CALLS = frozenset(
     {"waitpid", "wait3", "wait4", "waitid", "communicate", "check_call", "check_output", "run"}
 )
-_SOCKET_MODULES = (
-    "socket",
-    "ssl",
-    "http.client",
-    "urllib",
-    "urllib3",
-    "requests",
-    "httpx",
-    "httpcore",
-    "aiohttp",
-    "botocore",
-    "boto3",
-    "s3transfer",
-    "s3fs",
-    "gcsfs",
-    "adlfs",
-    "google.cloud.storage",
-    "google.resumable_media",
-    "azure.storage",
-    "fsspec.implementations.http",
-    "smart_open",
-    "grpc",
-    "paramiko",
-    "ftplib",
-    "websocket",
-    "websockets",
-    "redis",
-    "pymongo",
-    "webdataset.gopen",
-    "huggingface_hub",
+_SOCKET_MODULES = tuple(
+    _words(
+        "socket ssl http.client urllib urllib3 requests httpx httpcore aiohttp botocore boto3 "
+        "s3transfer s3fs gcsfs adlfs google.cloud.storage google.resumable_media "
+        "azure.storage fsspec.implementations.http smart_open grpc paramiko ftplib websocket "
+        "websockets redis pymongo webdataset.gopen huggingface_hub"
+    )
 )
 _SOCKET_CALLS = frozenset(
-    {
-        "recv",
-        "recv_into",
-        "recvfrom",
-        "recvfrom_into",
-        "recvmsg",
-        "accept",
-        "connect",
-        "create_connection",
-        "getaddrinfo",
-        "gethostbyname",
-        "sendall",
-        "sendfile",
-        "urlopen",
-        "urlretrieve",
-        "getresponse",
-        "do_handshake",
-    }
+    _words(
+        "recv recv_into recvfrom recvfrom_into recvmsg accept connect create_connection "
+        "getaddrinfo gethostbyname sendall sendfile urlopen urlretrieve getresponse "
+        "do_handshake"
+    )
 )
 _SOCKET_IO = frozenset({"read", "readinto", "write", "recv", "send"})
 _SOCKET_NAMES = frozenset({"sock", "socket", "_sock", "conn", "connection", "session", "client"})
-_FILE_MODULES = (
-    "torch.serialization",
-    "torch.distributed.checkpoint",
-    "torch.hub",
-    "pickle",
-    "_pickle",
-    "zipfile",
-    "tarfile",
-    "shutil",
-    "gzip",
-    "bz2",
-    "lzma",
-    "zlib",
-    "zstandard",
-    "lz4",
-    "io",
-    "_pyio",
-    "codecs",
-    "json",
-    "csv",
-    "numpy.lib.npyio",
-    "numpy.lib._npyio_impl",
-    "numpy.lib.format",
-    "numpy.lib._format_impl",
-    "numpy.core.memmap",
-    "numpy._core.memmap",
-    "h5py",
-    "safetensors",
-    "PIL",
-    "imageio",
-    "cv2",
-    "torchvision.io",
-    "torchaudio",
-    "soundfile",
-    "pyarrow",
-    "pandas.io",
-    "datasets",
-    "lmdb",
-    "tensorboard",
-    "orjson",
-    "msgpack",
-    "joblib",
-    "fsspec",
+_FILE_MODULES = tuple(
+    _words(
+        "torch.serialization torch.distributed.checkpoint torch.hub pickle _pickle zipfile "
+        "tarfile shutil gzip bz2 lzma zlib zstandard lz4 io _pyio codecs json csv "
+        "numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format numpy.lib._format_impl "
+        "numpy.core.memmap numpy._core.memmap h5py safetensors PIL imageio cv2 torchvision.io "
+        "torchaudio soundfile pyarrow pandas.io datasets lmdb tensorboard orjson msgpack "
+        "joblib fsspec"
+    )
 )
 _FILE_CALLS = frozenset(
-    {
-        "read",
-        "readinto",
-        "readline",
-        "readlines",
-        "readall",
-        "read_bytes",
-        "read_text",
-        "write",
-        "writelines",
-        "write_bytes",
-        "write_text",
-        "write_record",
-        "flush",
-        "fsync",
-        "fdatasync",
-        "sync",
-        "sync_file_range",
-        "close",
-        "truncate",
-        "save",
-        "savez",
-        "savez_compressed",
-        "save_file",
-        "load",
-        "load_file",
-        "loadtxt",
-        "savetxt",
-        "fromfile",
-        "tofile",
-        "dump",
-        "dumps",
-        "loads",
-        "compress",
-        "decompress",
-        "copyfile",
-        "copyfileobj",
-        "copy",
-        "copy2",
-        "copytree",
-        "move",
-        "rmtree",
-        "open",
-        "imread",
-        "imwrite",
-        "imdecode",
-        "pread",
-        "pwrite",
-        "preadv",
-        "pwritev",
-        "mmap",
-        "replace",
-        "rename",
-    }
+    _words(
+        "read readinto readline readlines readall read_bytes read_text write writelines "
+        "write_bytes write_text write_record flush fsync fdatasync sync sync_file_range close "
+        "truncate save savez savez_compressed save_file load load_file loadtxt savetxt "
+        "fromfile tofile dump dumps loads compress decompress copyfile copyfileobj copy copy2 "
+        "copytree move rmtree open imread imwrite imdecode pread pwrite preadv pwritev mmap "
+        "replace rename"
+    )
 )
-_COMPUTE_MODULES = (
-    "torch",
-    "numpy",
-    "scipy",
-    "sklearn",
-    "jax",
-    "jaxlib",
-    "tensorflow",
-    "cupy",
-    "numba",
-    "triton",
-    "xformers",
-    "flash_attn",
-    "apex",
-    "transformer_engine",
-    "einops",
-    "pandas",
-    "faiss",
-    "sentencepiece",
-    "tokenizers",
-    "transformers",
-    "timm",
-    "torchvision",
-    "torchaudio",
-    "hashlib",
-    "math",
+_COMPUTE_MODULES = tuple(
+    _words(
+        "torch numpy scipy sklearn jax jaxlib tensorflow cupy numba triton xformers "
+        "flash_attn apex transformer_engine einops pandas faiss sentencepiece tokenizers "
+        "transformers timm torchvision torchaudio hashlib math"
+    )
 )
 _COMPUTE_ROOTS = frozenset(
-    {
-        "torch",
-        "np",
-        "numpy",
-        "scipy",
-        "sp",
-        "F",
-        "nn",
-        "jnp",
-        "jax",
-        "tf",
-        "cp",
-        "cupy",
-        "sklearn",
-        "linalg",
-        "la",
-        "fft",
-        "special",
-        "math",
-        "hashlib",
-        "faiss",
-        "einops",
-        "pd",
-    }
+    _words(
+        "torch np numpy scipy sp F nn jnp jax tf cp cupy sklearn linalg la fft special math "
+        "hashlib faiss einops pd"
+    )
 )
 _CHEAP_CALLS = frozenset(
-    {
-        "len",
-        "isinstance",
-        "issubclass",
-        "getattr",
-        "setattr",
-        "hasattr",
-        "id",
-        "type",
-        "time",
-        "monotonic",
-        "perf_counter",
-        "time_ns",
-        "monotonic_ns",
-        "perf_counter_ns",
-        "locked",
-        "is_set",
-        "is_alive",
-        "empty",
-        "full",
-        "qsize",
-        "exists",
-        "isfile",
-        "isdir",
-        "print",
-        "append",
-        "pop",
-        "popleft",
-        "keys",
-        "values",
-        "items",
-        "format",
-        "str",
-        "repr",
-        "int",
-        "float",
-        "bool",
-        "range",
-        "next",
-        "iter",
-        "min",
-        "max",
-        "abs",
-        "random",
-        "randint",
-        "uniform",
-        "getpid",
-        "kill",
-        "info",
-        "debug",
-        "log",
-        "is_initialized",
-        "is_available",
-    }
+    _words(
+        "len isinstance issubclass getattr setattr hasattr id type time monotonic "
+        "perf_counter time_ns monotonic_ns perf_counter_ns locked is_set is_alive empty full "
+        "qsize exists isfile isdir print append pop popleft keys values items format str repr "
+        "int float bool range next iter min max abs random randint uniform getpid kill info "
+        "debug log is_initialized is_available"
+    )
 )
 
 
@@ -544,17 +301,11 @@ def _call_kind(place: Place, last: str, root: str) -> PlaceKind:
     return PlaceKind.COMPUTE if place.op not in BREAKER_OPS else PlaceKind.PYTHON
 
 
-_NATIVE_OP_PREFIXES = (
-    "BINARY_",
-    "INPLACE_",
-    "UNARY_",
-    "COMPARE_OP",
-    "CONTAINS_OP",
-    "STORE_SUBSCR",
-    "DELETE_SUBSCR",
-    "FOR_ITER",
-    "GET_ITER",
-    "IMPORT_NAME",
+_NATIVE_OP_PREFIXES = tuple(
+    _words(
+        "BINARY_ INPLACE_ UNARY_ COMPARE_OP CONTAINS_OP STORE_SUBSCR DELETE_SUBSCR FOR_ITER "
+        "GET_ITER IMPORT_NAME"
+    )
 )
 
 

@@ -449,8 +449,10 @@ class AttemptLoop:
         attempt.evidence = self.watchdog.evidence
         attempt.detected_wall = self._wall()
         directory = self._attempt_dir(attempt.number)
+        why = f" — {attempt.evidence.why}" if attempt.evidence is not None else ""
         self._notice(
-            f"attempt {attempt.number} is hung: {verdict.reason}; taking stacks, then stopping it"
+            f"attempt {attempt.number} is hung: {verdict.reason}{why}; taking stacks, "
+            "then stopping it"
         )
         verdict_data = _verdict_data(verdict, attempt.evidence)
         attempt.hang = capture_hang(
