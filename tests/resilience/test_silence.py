@@ -75,6 +75,7 @@ def silence_of(stack: Place | StackView | None, k: KernelView | None, **extra: o
         (place("time", "sleep"), kernel(growth_bytes=64 * MIB), Silence.WORK),  # another thread
         # blocked
         (place("time", "sleep"), kernel(syscall="clock_nanosleep"), Silence.BLOCKED),
+        (place("time", "sleep"), kernel(state="R", cpu=0.01), Silence.BLOCKED),  # waking up
         (place("lock", "acquire"), kernel(syscall="futex"), Silence.BLOCKED),
         (place("time", "sleep"), kernel(io_bytes=300), Silence.BLOCKED),  # a log line
         (place("torch", "linalg", "eigh"), kernel(cpu=0.0), Silence.BLOCKED),  # deadlocked op

@@ -362,6 +362,10 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
         return verdict(
             Silence.UNCLEAR, f"uses {_cores(k)} of CPU{where or ' with no stack to read'}"
         )
+    if kind is not None and kind.waits:
+        # A sleeping loop is runnable for an instant each time it wakes: its stack
+        # says what it does between those instants.
+        return verdict(Silence.BLOCKED, f"off the CPU, nothing moving{where}")
     if k.state == "R" or (k.state is None and kind is None):
         return verdict(Silence.UNCLEAR, "runnable but not running")
     if k.state == "D":
