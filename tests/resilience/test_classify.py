@@ -517,6 +517,37 @@ def test_declared_hang_with_its_location() -> None:
     assert "train.py:50" in c.why
 
 
+def test_a_hang_on_a_stalled_source_points_outside_the_job() -> None:
+    c = classify_failure(
+        make_evidence(
+            -15,
+            "",
+            hang_declared=True,
+            hang_silence="source_wait",
+            hang_source="network: socket 10.0.0.5:9000",
+            hang_evidence="worker 42 waits in a network read with nothing arriving",
+        )
+    )
+    assert c.failure_class is FailureClass.HANG
+    assert c.category is Category.NETWORK
+    assert c.details["source"] == "network: socket 10.0.0.5:9000"
+    assert "nothing arriving" in c.why and "10.0.0.5:9000" in c.why
+    finding = classification_to_finding(c, attempt=1)
+    assert "10.0.0.5:9000" in finding.fix and "restart cannot fix" in finding.fix
+    disk = classify_failure(
+        make_evidence(
+            -15,
+            "",
+            hang_declared=True,
+            hang_silence="source_wait",
+            hang_source="filesystem: /mnt/x",
+        )
+    )
+    assert disk.category is Category.IO
+    blocked = classify_failure(make_evidence(-15, "", hang_declared=True, hang_silence="blocked"))
+    assert blocked.category is Category.TIMEOUT and "blocked" in blocked.why
+
+
 def test_dataloader_timeout_is_a_hang_in_data_loading() -> None:
     stderr = "RuntimeError: DataLoader timed out after 120 seconds"
     c = classify_failure(make_evidence(1, stderr))

@@ -80,6 +80,14 @@ class Heartbeat:
         cpu_s: CPU time of the process so far, seconds.
         work: outermost forward/backward/optimizer calls and DataLoader batches
             so far: a job running an unmarked evaluation keeps increasing it.
+        modules: each frame's module (``__name__``), parallel to ``stack``.
+        calls: what the innermost frame is calling (``("time", "sleep")``).
+        op: the innermost frame's instruction (``CALL``, ``JUMP_BACKWARD``).
+        samples: samples of the thread the probe took since the last heartbeat.
+        gil_busy: of those, how many waited for running Python code to let go
+            of the interpreter lock.
+        probe_tid: the probe thread's kernel thread id (its own CPU and I/O are
+            not the job's).
     """
 
     pid: int
@@ -90,6 +98,12 @@ class Heartbeat:
     stack: tuple[str, ...]
     cpu_s: float
     work: int = 0
+    modules: tuple[str, ...] = ()
+    calls: tuple[str, ...] = ()
+    op: str = ""
+    samples: int = 0
+    gil_busy: int = 0
+    probe_tid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,12 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "stack": list(message.stack),
             "cpu_s": message.cpu_s,
             "work": message.work,
+            "mods": list(message.modules),
+            "calls": list(message.calls),
+            "op": message.op,
+            "n": message.samples,
+            "gil": message.gil_busy,
+            "tid": message.probe_tid,
         }
     elif isinstance(message, Hello):
         obj = {
@@ -211,6 +231,12 @@ def _heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
         stack=tuple(_str(s) for s in _list(obj.get("stack", []))),
         cpu_s=float(obj.get("cpu_s", 0.0)),
         work=_int(obj.get("work", 0)),
+        modules=tuple(_str(s) for s in _list(obj.get("mods", []))),
+        calls=tuple(_str(s) for s in _list(obj.get("calls", []))),
+        op=_str(obj.get("op", "")),
+        samples=_int(obj.get("n", 0)),
+        gil_busy=_int(obj.get("gil", 0)),
+        probe_tid=_opt_int(obj.get("tid")),
     )
 
 

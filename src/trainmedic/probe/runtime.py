@@ -627,6 +627,8 @@ class Probe:
             while True:
                 stopping = stop.is_set()
                 now = time.monotonic()
+                if not stopping:
+                    self._sample_main()
                 if not stopping and now >= next_heartbeat:
                     next_heartbeat = now + HEARTBEAT_S
                     self._heartbeat()
@@ -647,22 +649,36 @@ class Probe:
             except Exception:
                 return
 
+    def _sample_main(self) -> None:
+        """One sample of the training thread for the next heartbeat
+        (:mod:`trainmedic.probe.liveness`)."""
+        if not self.parts["heartbeat"].on:
+            return
+        try:
+            samples = self.__dict__.get("_liveness")
+            if samples is None or samples[0] != self.pid:  # new, or inherited by a fork
+                from trainmedic.probe.liveness import ThreadSamples
+
+                samples = self.__dict__["_liveness"] = (self.pid, ThreadSamples())
+            samples[1].sample()
+        except Exception as exc:
+            self.parts["heartbeat"].fail(exc)
+
     def _heartbeat(self) -> None:
         part = self.parts["heartbeat"]
         if not part.on:
             return
         try:
             from trainmedic.channel.wire import Heartbeat
+            from trainmedic.probe.liveness import describe_frame, main_frame
 
             part.check()
             ident = self.state.worker_ident if self.role == "worker" else self.state.training_ident
-            frame = sys._current_frames().get(ident) if ident is not None else None
-            stack: list[str] = []
-            while frame is not None and len(stack) < HEARTBEAT_FRAMES:
-                code = frame.f_code
-                stack.append(f"{_short_name(code.co_filename)}:{frame.f_lineno} {code.co_name}")
-                frame = frame.f_back
-            del frame
+            stack, modules, calls, op = describe_frame(
+                main_frame(ident), HEARTBEAT_FRAMES, _short_name
+            )
+            samples = self.__dict__.get("_liveness")
+            counts = samples[1].take() if samples is not None and samples[0] == self.pid else (0, 0)
             tracker = self.tracker
             self.outbox.append(
                 Heartbeat(
@@ -671,9 +687,15 @@ class Probe:
                     steps=0 if tracker is None else tracker.train_steps,
                     phase="train" if tracker is None else tracker.phase,
                     activity="other" if tracker is None else tracker.activity,
-                    stack=tuple(stack),
+                    stack=stack,
                     cpu_s=time.process_time(),
                     work=0 if tracker is None else tracker.work,
+                    modules=modules,
+                    calls=calls,
+                    op=op,
+                    samples=counts[0],
+                    gil_busy=counts[1],
+                    probe_tid=threading.get_native_id(),
                 )
             )
         except Exception as exc:

@@ -106,6 +106,11 @@ class FailureEvidence:
         hang_declared: the supervisor's watchdog declared a hang and stopped the job.
         hang_location: the main thread's innermost frame when the hang was
             declared (``file:line in function``), when the probe could tell.
+        hang_silence: the evidence's class of the hang (``blocked``, ``spinning``,
+            ``peer_wait``, ``source_wait``, ``unclear``), when known.
+        hang_source: for ``source_wait``: what the job waited on
+            (``network: socket 10.0.0.5:9000``, ``filesystem: /mnt/data``).
+        hang_evidence: the deciding process's evidence, one sentence.
         kernel_log: kernel log lines (``dmesg``) from the attempt, when readable.
         terminated_by_supervisor: the supervisor itself sent the stop signal.
         launch_error: why the command could not be started (``FileNotFoundError``).
@@ -124,6 +129,9 @@ class FailureEvidence:
     oom_kill_delta: int | None = None
     hang_declared: bool = False
     hang_location: str | None = None
+    hang_silence: str | None = None
+    hang_source: str | None = None
+    hang_evidence: str | None = None
     kernel_log: tuple[str, ...] = ()
     terminated_by_supervisor: bool = False
     launch_error: str | None = None
@@ -741,19 +749,40 @@ def _with_hardware(
 # -------------------------------------------------------------- other classes
 
 
+_HANG_WHAT = {
+    "blocked": "every process was blocked (off the CPU, nothing moving)",
+    "spinning": "the job spun in place (CPU busy, no work)",
+    "peer_wait": "the job waited in a collective or a device synchronisation",
+    "source_wait": "the job waited on a data source with nothing arriving",
+    "unclear": "the evidence could not tell work from a hang",
+}
+
+
 def _hang(
     base: _Base, evidence: FailureEvidence, specific: Classification | None
 ) -> Classification:
-    why = "the watchdog saw no progress past the step timeout and stopped the job"
-    if evidence.hang_location:
+    what = _HANG_WHAT.get(evidence.hang_silence or "", "the watchdog saw no progress")
+    why = f"{what} past the step timeout and the watchdog stopped the job"
+    if evidence.hang_evidence:
+        why += f" ({evidence.hang_evidence})"
+    elif evidence.hang_location:
         why += f"; the main thread was at {evidence.hang_location}"
     lines = list(specific.evidence_lines) if specific else []
     details: dict[str, Any] = {}
     if specific is not None:
         details["also_seen"] = specific.failure_class.value
+    category = Category.TIMEOUT
+    if evidence.hang_silence:
+        details["silence"] = evidence.hang_silence
+    source = evidence.hang_source
+    if evidence.hang_silence == "source_wait" and source:
+        details["source"] = source
+        # A data source that stops answering is outside the job: a restart cannot fix it.
+        category = Category.NETWORK if source.startswith("network") else Category.IO
+        why += f"; the source: {source}"
     return base.make(
         FailureClass.HANG,
-        Category.TIMEOUT,
+        category,
         "high",
         why,
         lines,
@@ -1068,6 +1097,13 @@ _LEAVE_OUT = (
 
 def _fix(c: Classification) -> str:
     d = c.details
+    if c.failure_class is FailureClass.HANG and d.get("source"):
+        return (
+            f"The job waited on {d['source']} and nothing arrived: check that the data "
+            "store or filesystem is reachable and answering (a restart cannot fix it; "
+            "trainmedic backs off before the next attempt). Set timeouts on remote reads "
+            "so a stalled source raises an error instead of hanging."
+        )
     if c.failure_class is FailureClass.DATALOADER_WORKER_DIED:
         cause = d.get("cause")
         if cause == "shm":

@@ -69,6 +69,7 @@ from trainmedic.resilience.policy import (
     RestartState,
     default_policy,
 )
+from trainmedic.resilience.silence import JobEvidence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig, TimeoutVerdict
 from trainmedic.supervise import evidence
 from trainmedic.supervise.forensics import HangForensics, capture_hang, find_py_spy
@@ -106,7 +107,8 @@ class ResilienceOptions:
     """How ``trainmedic run`` keeps a job alive (the ``run`` command's options).
 
     Attributes:
-        max_restarts: ``--max-restarts``.
+        max_restarts: ``--max-restarts``: failures in a row without progress.
+        max_total_restarts: ``--max-total-restarts``: restarts in all (``None``: no cap).
         time_budget_s: ``--time-budget``: no restart once the run used this long.
         timeout: the step timeout's settings (``--timeout``, ``--startup-timeout``,
             ``--timeout-floor``).
@@ -122,6 +124,7 @@ class ResilienceOptions:
     """
 
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    max_total_restarts: int | None = None
     time_budget_s: float | None = None
     timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
     explicit_timeout: bool = False
@@ -141,6 +144,7 @@ class ResilienceOptions:
             rng=random.Random(self.seed),
             retry_on_exception=self.retry_on_exception,
             backoff_s=self.backoff_s,
+            max_total_restarts=self.max_total_restarts,
         )
 
 
@@ -219,6 +223,7 @@ class _Attempt:
     launch_error: str | None = None
     hang: HangForensics | None = None
     verdict: TimeoutVerdict | None = None
+    evidence: JobEvidence | None = None
     detected_wall: float | None = None
     stop: StopReport | None = None
     stopped_by_us: bool = False
@@ -309,6 +314,7 @@ class AttemptLoop:
                 duration_s=self._clock() - attempt.started_mono,
                 steps_reached=steps_reached,
                 remedies=applied,
+                trained_s=_trained_s(obs),
             )
             state = dataclasses.replace(
                 state.with_attempt(record, self._clock()),
@@ -453,12 +459,15 @@ class AttemptLoop:
         job = attempt.job
         assert job is not None
         attempt.verdict = verdict
+        attempt.evidence = self.watchdog.evidence
         attempt.detected_wall = self._wall()
         directory = self._attempt_dir(attempt.number)
+        why = f" — {attempt.evidence.why}" if attempt.evidence is not None else ""
         self._notice(
-            f"attempt {attempt.number} is hung: {verdict.reason}; taking stacks, then stopping it"
+            f"attempt {attempt.number} is hung: {verdict.reason}{why}; taking stacks, "
+            "then stopping it"
         )
-        verdict_data = _verdict_data(verdict)
+        verdict_data = _verdict_data(verdict, attempt.evidence)
         attempt.hang = capture_hang(
             directory,
             self.watchdog.job_processes(),
@@ -534,6 +543,7 @@ class AttemptLoop:
             oom_kill_delta=evidence.oom_kill_delta(self._oom_before, self._oom.read()),
             hang_declared=attempt.hang is not None,
             hang_location=attempt.hang.location if attempt.hang is not None else None,
+            **_hang_evidence(attempt),
             kernel_log=evidence.read_kernel_log(attempt.started_mono) if failed else (),
             terminated_by_supervisor=attempt.stopped_by_us,
             job_pids=obs.pids,
@@ -606,6 +616,7 @@ class AttemptLoop:
                 "basis": attempt.verdict.basis,
                 "detected_after_s": round(attempt.verdict.quiet_s, 3),
                 "reason": attempt.verdict.reason,
+                **{k.removeprefix("hang_"): v for k, v in _hang_evidence(attempt).items()},
             }
         stop = {}
         if attempt.stop is not None:
@@ -710,24 +721,51 @@ class AttemptLoop:
 
 
 def _steps_reached(number: int, obs: AttemptObservations, resume: ResumePoint | None) -> int | None:
-    """The furthest step of the run the attempt reached (see ``AttemptRecord``)."""
+    """The furthest step of the run the attempt reached (see ``AttemptRecord``);
+    ``None`` when a later attempt's starting step is unknown (its own count of
+    steps says nothing about how far the run got)."""
     start = obs.resume_step
     if start is None and resume is not None:
         start = resume.step
     if start is None and number == 1:
         start = 0
-    return obs.steps + (start or 0)
+    if start is None:
+        return None
+    return obs.steps + start
 
 
-def _verdict_data(v: TimeoutVerdict) -> dict[str, Any]:
-    return {
+def _verdict_data(v: TimeoutVerdict, evidence: JobEvidence | None) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "reason": v.reason,
         "basis": v.basis,
         "bound_s": round(v.bound_s, 3),
         "silent_s": round(v.silent_s, 3),
         "quiet_s": round(v.quiet_s, 3),
         "extended": v.extended,
+        "silence": v.silence,
     }
+    if evidence is not None:
+        data["evidence"] = evidence.to_data()
+    return data
+
+
+def _hang_evidence(attempt: _Attempt) -> dict[str, Any]:
+    """The hang's class, source and deciding evidence (:class:`FailureEvidence` fields)."""
+    if attempt.verdict is None:
+        return {}
+    e = attempt.evidence
+    silence = attempt.verdict.silence
+    return {
+        "hang_silence": silence,
+        "hang_source": e.source if e is not None and silence == e.silence.value else None,
+        "hang_evidence": e.why if e is not None and silence == e.silence.value else None,
+    }
+
+
+def _trained_s(obs: AttemptObservations) -> float | None:
+    if obs.first_step_start is None or obs.last_step_end is None:
+        return None
+    return max(0.0, obs.last_step_end - obs.first_step_start)
 
 
 def _with_detail(
