@@ -19,6 +19,7 @@ from .builders import (
     during,
     make_gpu_series,
     make_host_series,
+    make_loader,
     make_machine,
     make_record,
     make_steps,
@@ -128,5 +129,6 @@ def test_input_bound_run_leaves_cpu_contention_to_the_input_rule() -> None:
     record = make_record(
         make_steps(100, 0.1, 0.05),
         host=make_host_series(12, others_cpu_pct=800.0, system_cpu_pct=95.0),
+        loaders=[make_loader(8)],
     )
     assert cpu_contention(RunView.of(record), TH) == []

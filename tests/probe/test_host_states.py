@@ -40,7 +40,7 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
                 f(SCRIPT),
             ],
             "sync",
-        ),  # fmt: skip
+        ),
         # torch.save inside the loop: its pickling reads like a read, but it writes
         (
             [
@@ -71,7 +71,7 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
         (
             [f(f"{STDLIB}/threading.py", "wait"), f(f"{STDLIB}/queue.py", "get"), f(SCRIPT)],
             "ipc_wait",
-        ),  # fmt: skip
+        ),
         # joining a thread or waiting on an event: not Python running, not known
         ([f(f"{STDLIB}/threading.py", "wait", ("waiter", "acquire")), f(SCRIPT, "main")], "other"),
         ([], "other"),

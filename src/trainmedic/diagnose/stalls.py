@@ -97,6 +97,9 @@ _TEXT: dict[str, tuple[str, str]] = {
 }
 
 
+_HOST_SIDE_CPU_ONLY = "on the host side (no data wait)"
+
+
 @dataclass(frozen=True)
 class Stall:
     """One stall: an exact step, or the longest step of a folded window."""
@@ -183,6 +186,8 @@ def stalls(view: RunView, th: Thresholds) -> list[Finding]:
         # One short hiccup cannot be told from a one-off event on the machine.
         repeated_or_long = len(group) > 1 or longest >= th.stall_single_warning_s
         what, fix = _TEXT[key]
+        if key == "framework_config" and view.uses_gpu is False:
+            what = _HOST_SIDE_CPU_ONLY  # no GPU to sit idle
         ev: dict[str, Any] = {
             "stalls": len(group),
             "stall_steps": [st.step for st in group[:MAX_LISTED]],

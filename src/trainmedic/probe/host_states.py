@@ -107,7 +107,7 @@ _WRITE_CALLS = frozenset(
 _LOG_CALLS = frozenset({"print", "pprint", "log", "info", "debug", "warning", "add_scalar"})
 _CONSOLE_NAMES = frozenset({"sys", "stdout", "stderr", "logger", "logging", "log", "writer"})
 _READ_CALLS = frozenset(
-    {"open", "read", "readinto", "readline", "readlines", "read_bytes", "read_text", "pread",
+    {"read", "readinto", "readline", "readlines", "read_bytes", "read_text", "pread",
      "fromfile", "loadtxt", "genfromtxt", "memmap", "imread", "load", "load_file"}
 )  # fmt: skip
 _SOCKET_CALLS = frozenset(
