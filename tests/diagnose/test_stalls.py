@@ -173,3 +173,11 @@ def test_epoch_lengths_round_both_ways_and_split_across_ranks() -> None:
     ranks = make_steps(20, pid=1) + make_steps(20, pid=2)
     two = RunView.of(make_record(ranks, loaders=[replace(loader, pid=1)]))
     assert epoch_lengths(two) == {50, 51}
+
+
+def test_host_side_stall_titles_speak_of_a_gpu_only_when_there_is_one() -> None:
+    steps = with_stalls({100: 3.0, 200: 2.0})
+    (cpu_only,) = run(make_record(steps))  # no GPU readings: a CPU-only run
+    assert "GPU" not in cpu_only.title and "(no data wait)" in cpu_only.title
+    (gpu,) = run(make_record(steps, gpu=make_gpu_series(40, utilization_gpu_pct=60.0)))
+    assert "GPU idle" in gpu.title

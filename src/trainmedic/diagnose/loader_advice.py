@@ -154,7 +154,9 @@ def advise(profile: LoadingProfile, max_processes: int) -> LoadingAdvice:
     latency_bound = in_flight > max(max_processes, cpu_workers)
     if latency_bound:
         workers = max(cpu_workers, min(profile.workers, max_processes), 1)
-        threads = min(MAX_THREADS_PER_WORKER, math.ceil(in_flight / workers))
+        # Past a few dozen threads a process gains little: add processes instead.
+        workers = max(workers, math.ceil(in_flight / MAX_THREADS_PER_WORKER))
+        threads = math.ceil(in_flight / workers)
     else:
         workers = max(in_flight, cpu_workers)
         threads = 1
