@@ -21,8 +21,11 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
 @pytest.mark.parametrize(
     ("stack", "state"),
     [
-        # time.sleep(0.05) in the loop
+        # time.sleep(0.05) in the loop, or in a helper named for it
         ([f(SCRIPT, callees=("time", "sleep"))], "sleep"),
+        ([f(SCRIPT, "throttle", callees=("time", "sleep")), f(SCRIPT)], "sleep"),
+        # ... but a data source polled or rate-limited is waiting for data
+        ([f(SCRIPT, "fetch_batch", callees=("time", "sleep")), f(SCRIPT)], "ipc_wait"),
         # print(f"step {i} loss {loss.item():.3f}") - the print, once the item is done
         ([f(SCRIPT, callees=("print",))], "log"),
         ([f(SCRIPT, callees=("sys", "stdout", "write"))], "log"),

@@ -101,7 +101,8 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
     wait = cpu.train_wait_share
     if wait < th.cpu_wait_info_share:
         return []
-    if is_input_bound(view, th) and input_cause(view, th).key == "contention":
+    cause = input_cause(view, th).key if is_input_bound(view, th) else None
+    if cause == "contention":
         return []  # the input rule names contention as the cause of the wait
     s = view.summary
     cores = view.usable_cores

@@ -14,7 +14,8 @@ thread's stack taken there (role ``self`` of :mod:`trainmedic.probe.stacks`):
   script named for data — ``make_batch``, ``featurize``, ``dataset.py``; or
   a tensor being made from host data — ``torch.tensor``, ``torch.randn``,
   ``from_numpy``, ``stack``);
-* not data: ``sleep`` (``time.sleep``), ``log`` (printing, ``logging``,
+* not data: ``sleep`` (``time.sleep`` in the loop; in a function named for
+  data it is the source being polled or rate-limited: ``ipc_wait``), ``log`` (printing, ``logging``,
   progress bars, experiment trackers, or a function of the script named for
   it), ``sync`` (``.item()``, ``.cpu()``, ``.numpy()``, ``tolist``,
   ``cuda.synchronize``: waiting for the device), ``file_write`` (``torch.save``,
@@ -243,6 +244,14 @@ def _script_state(frame: FrameInfo) -> str | None:
     return None
 
 
+def _data_named(frame: FrameInfo) -> bool:
+    """A frame of the script's own code whose function is named for data."""
+    if is_library(frame.filename):
+        return False
+    words = name_words(frame.function)
+    return bool(words & _DATA_WORDS) and not words & _LOG_WORDS
+
+
 def _in_data_code(frames: Sequence[FrameInfo]) -> bool:
     return any(any(p in f.path for p in _DATA_PATHS) for f in frames)
 
@@ -259,6 +268,9 @@ def classify_outside(frames: Sequence[FrameInfo]) -> str:
         if state is not None:
             return state
     leaf = _callee_state(frames[0].callees)
+    if leaf == "sleep" and _data_named(frames[0]):
+        # A data function that sleeps polls or rate-limits its source: waiting for data.
+        return "ipc_wait"
     if leaf is not None:
         return leaf
     for frame in frames:
