@@ -220,6 +220,7 @@ class HostSampler:
         now = self._monotonic()
         wall = self._wall()
         job_cpu_s, rss, count = self._tree_cpu(wall)
+        threads = self._read_threads(now)  # the first call takes its baseline
         self._last_wall = wall
         cpu = psutil.cpu_times()
         disk = _disk()
@@ -233,7 +234,6 @@ class HostSampler:
         if last_t is None or now <= last_t:
             return None
         dt = now - last_t
-        threads = self._read_threads(now)
         busy_pct, iowait_pct = _cpu_shares(previous_cpu, cpu)
         logical = os.cpu_count() or 1
         job_pct = 100.0 * job_cpu_s / dt
