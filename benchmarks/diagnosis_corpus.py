@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
-from corpus import CASES, Outcome, run_case, servers  # noqa: E402
+from corpus import CASES, Outcome, run_case, servers
 
 
 def main() -> int:
@@ -52,28 +52,36 @@ def main() -> int:
     return 0 if all(o.result != "mismatch" for o in outcomes) else 1
 
 
+def label(o: Outcome, expected: bool) -> str:
+    """A run's row (``expected``) or column label: the category, ``healthy`` for no
+    warning or error, ``busy`` when others starved the loader, ``none``."""
+    if expected:
+        return "healthy" if o.case.expected == "run.healthy" else o.case.category
+    if o.result == "busy":
+        return "busy"
+    if o.case.expected == "run.healthy" and o.result == "match":
+        return "healthy"
+    return o.first["category"] if o.first else "none"
+
+
 def confusion_table(outcomes: list[Outcome]) -> str:
-    """Expected category (rows) x category of the first finding (columns), as markdown."""
-    expected = sorted({o.case.category for o in outcomes})
-    found: Counter[tuple[str, str]] = Counter()
-    columns = set(expected)
-    for o in outcomes:
-        got = "busy" if o.result == "busy" else (o.first["category"] if o.first else "none")
-        if o.case.expected == "run.healthy" and o.result == "match":
-            got = o.case.category  # no warning: the healthy verdict
-        found[(o.case.category, got)] += 1
-        columns.add(got)
+    """Expected category (rows) x category of the first finding (columns), as markdown;
+    ``right`` counts runs whose first finding was the expected one (id and category)."""
+    rows = sorted({label(o, True) for o in outcomes})
+    found: Counter[tuple[str, str]] = Counter((label(o, True), label(o, False)) for o in outcomes)
+    columns = {label(o, False) for o in outcomes} | set(rows)
     cols = sorted(columns - {"busy", "none"}) + [c for c in ("none", "busy") if c in columns]
     lines = [
         "| expected \\ first finding | " + " | ".join(cols) + " | runs | right |",
         "|---|" + "---|" * (len(cols) + 2),
     ]
-    for e in expected:
-        row = [found[(e, c)] for c in cols]
-        runs = sum(row)
-        right = found[(e, e)]
-        cells = " | ".join(str(n) if n else "." for n in row)
-        lines.append(f"| {e} | {cells} | {runs} | {right}/{runs - found[(e, 'busy')]} |")
+    for r in rows:
+        counts = [found[(r, c)] for c in cols]
+        runs = sum(counts)
+        judged = [o for o in outcomes if label(o, True) == r and o.result != "busy"]
+        right = sum(1 for o in judged if o.result == "match")
+        cells = " | ".join(str(n) if n else "." for n in counts)
+        lines.append(f"| {r} | {cells} | {runs} | {right}/{len(judged)} |")
     return "\n".join(lines)
 
 

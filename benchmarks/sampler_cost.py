@@ -58,7 +58,7 @@ def measure(threads: int, workers: int, reads: int) -> tuple[float, float, int]:
             sampler = HostSampler(
                 job.pid,
                 lambda s: None,
-                threads=ThreadSampler(lambda: roles, budget=1.0) if with_threads else None,
+                threads=ThreadSampler(lambda r=roles: r, budget=1.0) if with_threads else None,
                 census=ProcessCensus(time.time()),
             )
             sampler.read()
@@ -84,7 +84,8 @@ def main() -> int:
     parser.add_argument("--reads", type=int, default=50)
     args = parser.parse_args()
     print(
-        "| threads per process | workers | job threads | reading without | with thread counters | share of a core at 1 Hz |"
+        "| threads per process | workers | job threads | reading without "
+        "| with thread counters | share of a core at 1 Hz |"
     )
     print("|---|---|---|---|---|---|")
     for t in args.threads:

@@ -142,7 +142,7 @@ def _launch(env: Env, body: str) -> list[str]:
 CASES: tuple[Case, ...] = (
     # Data loading: the resource the time goes to.
     Case("io-uncached-w0", "data loading", lambda e: [
-        e.python, e.script("uncached_reads.py"), str(e.tmp / "data"), "--steps", "150",
+        e.python, e.script("uncached_reads.py"), str(e.tmp / "data"), "--steps", "80",
         "--workers", "0"], "input.io", "io", check=_sized_from_latency),
     Case("io-slow-reads-w2", "data loading", lambda e: [
         e.python, e.script("slow_reads.py"), str(e.tmp / "data"), "--steps", "50",
@@ -182,10 +182,10 @@ CASES: tuple[Case, ...] = (
         check=_no_worker_advice),
     # Contention from processes the case starts; the job's own threads.
     Case("contention-compute", "contention", lambda e: [
-        e.python, e.script("mlp_preloaded.py"), "--steps", "300"], "contention.cpu",
+        e.python, e.script("mlp_preloaded.py"), "--steps", "100"], "contention.cpu",
         "contention", burners=USABLE_CORES, check=_measured_wait),
     Case("contention-loader", "contention", lambda e: [
-        e.python, e.script("augment_no_workers.py"), "--steps", "40"], "input.contention",
+        e.python, e.script("augment_no_workers.py"), "--steps", "25"], "input.contention",
         "contention", burners=USABLE_CORES),
     Case("oversubscribed-threads", "contention", lambda e: [
         e.python, e.script("oversubscribed.py"), "--steps", "200", "--threads",
@@ -202,7 +202,7 @@ CASES: tuple[Case, ...] = (
         "probe.not_loaded", "framework_config", check=_blind),
     # Healthy: no warning, no error.
     Case("healthy-compute", "healthy", lambda e: [
-        e.python, e.script("mlp_preloaded.py"), "--steps", "600"], "run.healthy", "cpu"),
+        e.python, e.script("mlp_preloaded.py"), "--steps", "400"], "run.healthy", "cpu"),
 )  # fmt: skip
 BY_NAME = {c.name: c for c in CASES}
 
