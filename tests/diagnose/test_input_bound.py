@@ -378,4 +378,23 @@ def test_spinning_openmp_threads_do_not_hide_a_spare_core() -> None:
     assert f.id == "input.workers"
     assert f.evidence["job_cpu_cores"] == pytest.approx(1.8)
     assert f.evidence["job_useful_cpu_cores"] == pytest.approx(1.1)
-    assert f.evidence["spare_cores"] == pytest.approx(0.85)
+    assert f.evidence["spare_cores"] == pytest.approx(0.9)  # others (0.05) waited for nothing
+
+
+def test_others_that_only_use_what_the_job_leaves_take_no_room() -> None:
+    # 2 cores, others busy 1.5 cores at a lower priority: the training thread never
+    # waits for a CPU, so a worker would get one.
+    host = make_host_series(55, usable_cores=2.0, job_cpu_pct=100.0, others_cpu_pct=95.0,
+                            **threads(train_cpu_cores=1.0, train_wait_cores=0.01,
+                                      train_wait_max_share=0.01))  # fmt: skip
+    steps = make_steps(200, 0.25, 0.2, compute=0.05)
+    record = make_record(steps, host=host, loaders=[make_loader(0)],
+                         activity=[make_activity(pid=JOB_PID, transform=90)])  # fmt: skip
+    (f,) = run_input(record)
+    assert f.id == "input.workers" and f.evidence["spare_cores"] == pytest.approx(1.0)
+    # Waiting a tenth of its time, the same load counts: no core is spare.
+    waited = [h.__class__(**{**h.__dict__, "train_wait_cores": 0.1, "train_wait_max_share": 0.1})
+              for h in host]  # fmt: skip
+    record = make_record(steps, host=waited, loaders=[make_loader(0)],
+                         activity=[make_activity(pid=JOB_PID, transform=90)])  # fmt: skip
+    assert run_input(record)[0].id == "input.cpu"

@@ -226,10 +226,16 @@ def _cpu(view: RunView, th: Thresholds, workers: int | None) -> _Cpu:
     cpu = view.cpu
     usable = view.usable_cores
     useful = cpu.useful_cores(s.job_cpu_mean_cores, s.compute_share, usable)
+    loading_wait = cpu.loader_wait_share if workers else cpu.train_wait_share
+    others = s.others_cpu_mean_cores or 0.0
+    waits = [w for w in (cpu.train_wait_share, cpu.loader_wait_share) if w is not None]
+    if waits and max(waits) < th.cpu_wait_warning_share:
+        # The job's threads got a CPU whenever they wanted one: others only used
+        # what the job left (idle moments, lower priority), so they take no room.
+        others = 0.0
     spare = None
     if usable is not None and useful is not None:
-        spare = usable - useful - (s.others_cpu_mean_cores or 0.0)
-    loading_wait = cpu.loader_wait_share if workers else cpu.train_wait_share
+        spare = usable - useful - others
     return _Cpu(
         usable, s.job_cpu_mean_cores, s.others_cpu_mean_cores, useful, spare, loading_wait,
         cpu.throttled_share,
