@@ -14,8 +14,10 @@ loop, launch scripts that replace ``PYTHONPATH``.
 reports the CPU they take (``contention.*`` with the run-queue delay it
 measured). Such a finding is skipped when the case is not about contention,
 after checking that its evidence shows others' CPU; when it takes the input
-rule's place (``input.contention``: the loader was starved), the case cannot
-show its own cause on this machine and its outcome is ``busy``, not a pass.
+rule's place (``input.contention``: the loader was starved), or the case's
+own finding is missing while others' load cost the job a quarter of its time
+or more (a contention error), the case cannot show its own cause on this
+machine and its outcome is ``busy``, not a pass.
 """
 
 from __future__ import annotations
@@ -322,6 +324,10 @@ def judge(case: Case, findings: Sequence[Finding]) -> Outcome:
             case.check(first)
         except AssertionError:
             ok = False
+    if not ok and any(_machine_contention(case, f) and f["severity"] == "error" for f in findings):
+        # Others' load cost the job a quarter of its time or more: the run shows the
+        # machine, not the case (the case's cause may not even reach its threshold).
+        return Outcome(case, "busy", first, list(findings))
     return Outcome(case, "match" if ok else "mismatch", first, list(findings))
 
 
