@@ -150,3 +150,23 @@ def test_a_changed_machine_is_noted() -> None:
 def test_the_interval_is_repeatable() -> None:
     a, b = run(0.05), run(0.04, seed=2)
     assert compare_runs(a, b, [], []).speedup_ci == compare_runs(a, b, [], []).speedup_ci
+
+
+def test_a_rerun_sped_up_only_by_others_leaving_the_machine_is_no_change() -> None:
+    # Before: others' processes took 40 % of the training thread's time (steps of 50 ms);
+    # after: they were gone (30 ms). The configuration did not change.
+    before = run(0.05, seed=1)
+    before.host = host_series(40, 0.40)
+    after = run(0.03, seed=2)
+    after.host = host_series(40, 0.0)
+    c = compare_runs(before, after, [], [])
+    assert c.speedup == pytest.approx(5 / 3, rel=0.03)  # the throughput did rise
+    assert c.adjusted_speedup == pytest.approx(1.0, abs=0.03)
+    assert c.verdict == "no_change"
+    assert any("without the training thread's waits" in n for n in c.notes)
+    d = c.to_dict()
+    assert d["speedup_load_adjusted_ci"][0] < 1.0 < d["speedup_load_adjusted_ci"][1]
+    # The same waits in both runs change nothing: a real fix stays faster.
+    before.host, after.host = host_series(40, 0.4), host_series(40, 0.4)
+    fixed = compare_runs(before, after, [], [])
+    assert fixed.adjusted_speedup is None and fixed.verdict == "faster"

@@ -457,9 +457,7 @@ def _more_parallel(
     """The parallelism part of a fix for loading that waits on files or sockets."""
     if advice is not None:
         enough = (
-            workers is not None
-            and workers >= advice.num_workers
-            and advice.threads_per_worker <= 1
+            workers is not None and workers >= advice.num_workers and advice.threads_per_worker <= 1
         )
         if enough or advice.speedup < 1.05:
             return "."  # as many loaders as the measured latency needs are there

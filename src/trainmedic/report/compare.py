@@ -46,6 +46,8 @@ MIN_EFFECT = 0.03
 """A speed-up under 3 % is within what reruns of one configuration differ by."""
 LOAD_CHANGE = 0.05
 """A change of the training thread's CPU wait share by this much is a changed machine."""
+OTHERS_MIN_CORES = 0.5
+"""Others' CPU from which the training thread's waits are theirs (diagnosis's value)."""
 
 VERDICTS = ("faster", "slower", "no_change")
 
@@ -71,6 +73,7 @@ class RunFacts:
     rate_unit: str
     blocks: tuple[tuple[float, float], ...]
     train_cpu_wait_share: float | None
+    others_wait_share: float
     others_cpu_cores: float | None
     gpu_sm_clock_mhz: float | None
     gpu_memory_used_max_gib: float | None
@@ -97,6 +100,9 @@ class Comparison:
         speedup: after / before throughput (``None``: a run has no steady steps).
         speedup_ci: its confidence interval, (low, high).
         verdict: ``faster``, ``slower`` or ``no_change``.
+        adjusted_speedup / adjusted_ci: when other processes took a different share
+            of the training thread's time in the two runs, the ratio and interval
+            without those waits, which the verdict is judged on; else ``None``.
         rows: (name, unit, before, after) of the measures shown side by side.
         notes: what else differed, and why a verdict could not be given.
     """
@@ -111,6 +117,8 @@ class Comparison:
     min_effect: float
     step_time_median_ratio: float | None
     rows: tuple[tuple[str, str, float | None, float | None], ...]
+    adjusted_speedup: float | None = None
+    adjusted_ci: tuple[float, float] | None = None
     resolved: tuple[FindingChange, ...] = ()
     still_present: tuple[FindingChange, ...] = ()
     new: tuple[FindingChange, ...] = ()
@@ -147,6 +155,10 @@ class Comparison:
             "speedup": _round(self.speedup),
             "speedup_ci": None if self.speedup_ci is None else [_round(v) for v in self.speedup_ci],
             "verdict": self.verdict,
+            "speedup_load_adjusted": _round(self.adjusted_speedup),
+            "speedup_load_adjusted_ci": None
+            if self.adjusted_ci is None
+            else [_round(v) for v in self.adjusted_ci],
             "confidence": self.confidence,
             "min_effect": self.min_effect,
             "step_time_median_ratio": _round(self.step_time_median_ratio),
@@ -183,6 +195,7 @@ def compare_runs(
     metric = "samples_per_s" if samples else "steps_per_s"
     notes: list[str] = []
     speedup = ci = None
+    adjusted: tuple[float, tuple[float, float]] | None = None
     verdict = "no_change"
     if b.rate and a.rate:
         speedup = a.rate / b.rate
@@ -193,9 +206,22 @@ def compare_runs(
         )
     elif speedup is not None:
         ci = _bootstrap_ratio(b, a, resamples, confidence, random.Random(seed))
-        if ci[0] > 1.0 + min_effect:
+        judged = ci
+        factor = (1.0 - b.others_wait_share) / (1.0 - a.others_wait_share)
+        if abs(a.others_wait_share - b.others_wait_share) >= LOAD_CHANGE:
+            # Other processes took more (or less) of the training thread's time in one
+            # run: judge the configurations on what each run did while it had a CPU.
+            judged = (ci[0] * factor, ci[1] * factor)
+            adjusted = (speedup * factor, judged)
+            notes.append(
+                f"judged on throughput without the training thread's waits for a CPU taken "
+                f"by other processes ({b.others_wait_share:.0%} before, "
+                f"{a.others_wait_share:.0%} after): {adjusted[0]:.2f}x, interval "
+                f"{judged[0]:.2f}x-{judged[1]:.2f}x"
+            )
+        if judged[0] > 1.0 + min_effect:
             verdict = "faster"
-        elif ci[1] < 1.0 - min_effect:
+        elif judged[1] < 1.0 - min_effect:
             verdict = "slower"
     if not samples:
         sb, sa = vb.summary.samples_per_step_mean, va.summary.samples_per_step_mean
@@ -216,6 +242,8 @@ def compare_runs(
         min_effect=min_effect,
         step_time_median_ratio=median_ratio,
         rows=_rows(b, a),
+        adjusted_speedup=adjusted[0] if adjusted else None,
+        adjusted_ci=adjusted[1] if adjusted else None,
         resolved=resolved,
         still_present=still,
         new=new,
@@ -251,10 +279,24 @@ def _facts(view: RunView, name: str, samples: bool) -> RunFacts:
         rate_unit="samples/s" if samples else "steps/s",
         blocks=tuple(blocks),
         train_cpu_wait_share=view.cpu.train_wait_share,
+        others_wait_share=_others_wait_share(view),
         others_cpu_cores=s.others_cpu_mean_cores,
         gpu_sm_clock_mhz=statistics.fmean(clocks) if clocks else None,
         gpu_memory_used_max_gib=max(used) / 2**30 if used else None,
     )
+
+
+def _others_wait_share(view: RunView) -> float:
+    """The training thread's wait for a CPU that other processes caused (0 when its own
+    threads outnumbering the cores explain it better: the contention rule's attribution)."""
+    cpu = view.cpu
+    wait = cpu.train_wait_share
+    others = view.summary.others_cpu_mean_cores or 0.0
+    if wait is None or others < OTHERS_MIN_CORES:
+        return 0.0
+    cores = view.usable_cores
+    own_excess = max(0.0, (cpu.job_runnable_cores or 0.0) - (cores or float("inf")))
+    return min(0.95, wait) if others >= own_excess else 0.0
 
 
 def _blocks(spans: Sequence[StepSpan], samples: bool, processes: int) -> list[tuple[float, float]]:

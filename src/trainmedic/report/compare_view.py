@@ -39,7 +39,14 @@ def verdict_sentence(c: Comparison) -> str:
         "slower": "slower",
         "no_change": "no significant change",
     }[c.verdict]
-    return f"{what}: after/before throughput {c.speedup:.2f}x{ci}"
+    sentence = f"{what}: after/before throughput {c.speedup:.2f}x{ci}"
+    if c.adjusted_speedup is not None and c.adjusted_ci is not None:
+        lo, hi = c.adjusted_ci
+        sentence += (
+            f"; without other processes' load {c.adjusted_speedup:.2f}x "
+            f"({lo:.2f}x-{hi:.2f}x), which the verdict is judged on"
+        )
+    return sentence
 
 
 def render_comparison(console: Console, c: Comparison) -> None:
