@@ -67,6 +67,7 @@ class Case:
         category: its category.
         burners: busy processes of "other users" started beside the job.
         check: more assertions on the first finding (raises AssertionError).
+        also: other ids that name the same cause (the category must still match).
     """
 
     name: str
@@ -76,6 +77,7 @@ class Case:
     category: str
     burners: int = 0
     check: Callable[[Finding], None] | None = None
+    also: tuple[str, ...] = ()
 
 
 @dataclass
@@ -144,8 +146,8 @@ def _launch(env: Env, body: str) -> list[str]:
 CASES: tuple[Case, ...] = (
     # Data loading: the resource the time goes to.
     Case("io-uncached-w0", "data loading", lambda e: [
-        e.python, e.script("uncached_reads.py"), str(e.tmp / "data"), "--steps", "80",
-        "--workers", "0"], "input.io", "io", check=_sized_from_latency),
+        e.python, e.script("uncached_reads.py"), str(e.tmp / "data"), "--steps", "60",
+        "--workers", "0", "--files", "128"], "input.io", "io", check=_sized_from_latency),
     Case("io-slow-reads-w2", "data loading", lambda e: [
         e.python, e.script("slow_reads.py"), str(e.tmp / "data"), "--steps", "50",
         "--latency-ms", "8", "--workers", "2"], "input.io", "io", check=_sized_from_latency),
@@ -186,9 +188,11 @@ CASES: tuple[Case, ...] = (
     Case("contention-compute", "contention", lambda e: [
         e.python, e.script("mlp_preloaded.py"), "--steps", "100"], "contention.cpu",
         "contention", burners=USABLE_CORES, check=_measured_wait),
+    # Starved of CPU, the loader may wait less than the slowed step computes: the cause
+    # is contention either way (the input rule's or the contention rule's).
     Case("contention-loader", "contention", lambda e: [
         e.python, e.script("augment_no_workers.py"), "--steps", "25"], "input.contention",
-        "contention", burners=USABLE_CORES),
+        "contention", burners=USABLE_CORES, also=("contention.cpu",)),
     Case("oversubscribed-threads", "contention", lambda e: [
         e.python, e.script("oversubscribed.py"), "--steps", "200", "--threads",
         str(4 * USABLE_CORES)], "cpu.oversubscribed", "cpu", check=_measured_wait),
@@ -315,7 +319,8 @@ def judge(case: Case, findings: Sequence[Finding]) -> Outcome:
                        list(findings))  # fmt: skip
     ok = (
         first is not None
-        and (first["id"], first["category"]) == (case.expected, case.category)
+        and first["id"] in (case.expected, *case.also)
+        and first["category"] == case.category
         and first["severity"] in ("warning", "error")
     )
     if ok and case.check is not None:
