@@ -202,3 +202,12 @@ def test_a_foreign_process_on_an_idle_gpu_all_run_is_information() -> None:
     )
     (f,) = gpu_contention(RunView.of(record), TH)
     assert f.severity is Severity.INFO and f.impact is None
+
+
+def test_a_job_that_would_wait_on_an_idle_machine_is_oversubscribed_even_among_others() -> None:
+    # 3.4 runnable threads on 2 cores (8 intra-op threads), others busy 1.3 cores: the
+    # job's own excess (1.4 cores) alone makes its thread wait.
+    record = measured(0.4, others=130.0, runnable_extra=1.9)
+    (f,) = cpu_contention(RunView.of(record), TH)
+    assert f.id == "cpu.oversubscribed"
+    assert f.evidence["job_runnable_cores"] > 3.0

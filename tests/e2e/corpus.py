@@ -201,8 +201,9 @@ CASES: tuple[Case, ...] = (
         e, f"{e.python} {e.script('sleep_loop.py')} --steps 150"), "host.sleep",
         "framework_config"),
     Case("launch-env-wrapper", "launch", lambda e: [
-        "env", f"PYTHONPATH={e.tmp}", e.python, e.script("manual_batches.py"), "--steps",
-        "150"], "input.workers", "framework_config", check=_build_a_dataloader),
+        "env", f"PYTHONPATH={e.tmp}", e.python, e.script("slow_reads.py"), str(e.tmp / "data"),
+        "--steps", "50", "--latency-ms", "8", "--workers", "2"], "input.io", "io",
+        check=_sized_from_latency),
     Case("launch-blind-interpreter", "launch", lambda e: _launch(
         e, f"exec {e.python} -S {e.script('busy_python.py')} --seconds 7"),
         "probe.not_loaded", "framework_config", check=_blind),

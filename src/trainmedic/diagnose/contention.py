@@ -159,14 +159,10 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             "instances (no burstable/shared-core types), or ask the provider; the steal "
             "shows in `top` as %st."
         )
-    elif others >= th.others_min_cores and others >= own_excess:
-        key, category = "contention.cpu", Category.CONTENTION
-        title = f"Other processes use {others:.1f} of the job's {_cores_str(cores)} cores: {lost}"
-        fix = (
-            "Reserve the cores: stop or move the other processes, pin them away from the "
-            "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
-        )
-    elif runnable is not None and cores is not None and own_excess > 0:
+    elif runnable is not None and cores is not None and (
+        own_excess >= max(th.others_min_cores, 0.5 * cores)
+        or (own_excess > 0 and others < max(th.others_min_cores, own_excess))
+    ):
         key, category = "cpu.oversubscribed", Category.CPU
         title = f"The job keeps {runnable:.1f} threads busy on {_cores_str(cores)} cores: {lost}"
         workers = view.num_workers or 0
@@ -175,6 +171,13 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             "Run no more busy threads than cores: torch.set_num_threads("
             f"{threads}) (or OMP_NUM_THREADS={threads}) in the training process, leaving "
             "cores to the DataLoader workers, which use one thread each."
+        )
+    elif others >= th.others_min_cores:
+        key, category = "contention.cpu", Category.CONTENTION
+        title = f"Other processes use {others:.1f} of the job's {_cores_str(cores)} cores: {lost}"
+        fix = (
+            "Reserve the cores: stop or move the other processes, pin them away from the "
+            "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
         )
     else:
         key, category = "contention.cpu", Category.CONTENTION
