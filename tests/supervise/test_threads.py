@@ -115,3 +115,21 @@ def test_costly_readings_are_spread_out_to_stay_within_the_budget() -> None:
     assert sampler.stride == 3
     assert taken == [3, 6, 9]  # the first is the baseline; each covers 3 s
     assert results[3] is not None and results[3].period_s == 3.0
+
+
+def test_roles_come_from_what_the_probes_said() -> None:
+    from trainmedic.channel.wire import Heartbeat, Hello
+    from trainmedic.supervise.processes import ProcessTable
+    from trainmedic.supervise.session import _roles
+
+    table = ProcessTable()
+
+    def hello(pid: int, role: str) -> None:
+        table.hello(Hello(pid, 1, role, ("python",), None, None, "3.11", "python", 0.0))
+
+    hello(10, "process")  # trains: its heartbeat counts steps
+    hello(11, "worker")
+    hello(12, "process")  # a launcher: no steps
+    table.update(10, last_heartbeat=Heartbeat(10, 1.0, 5, "train", "forward", (), 1.0))
+    table.update(12, last_heartbeat=Heartbeat(12, 1.0, 0, "train", "other", (), 0.1))
+    assert _roles(table) == {10: ROLE_TRAIN, 11: ROLE_WORKER}
