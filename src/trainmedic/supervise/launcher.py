@@ -68,8 +68,11 @@ def probe_environment(
 ) -> dict[str, str]:
     """The job's environment: ``base`` plus what the probe needs.
 
-    The bootstrap directory goes first on ``PYTHONPATH``; an existing
-    ``PYTHONPATH`` follows unchanged.
+    The variables make the start-up hook installed with trainmedic
+    (``trainmedic-probe.pth``) load the probe in every interpreter of an
+    environment that has it, whatever ``PYTHONPATH`` becomes; for other
+    interpreters the bootstrap directory goes first on ``PYTHONPATH`` (an
+    existing ``PYTHONPATH`` follows unchanged). docs/run.md, "Probe loading".
     """
     env = dict(base)
     if not probe:
