@@ -31,6 +31,7 @@ def cli() -> None:
     trainmedic doctor            check this machine (GPUs, driver, CPU, memory, disk)
     trainmedic run -- CMD ...    run a training command and diagnose it
     trainmedic report RUN_DIR    show a finished run's report again
+    trainmedic compare A B       did a change make run B faster than run A?
     trainmedic demo              a bundled example run
     trainmedic tune dataloader M:F  find faster DataLoader settings (tune --help)
     """
@@ -43,7 +44,7 @@ def _register() -> None:
     # Commands of later parts register themselves here when their module exists.
     import importlib
 
-    for name in ("run_cmd", "report_cmd", "demo_cmd", "tune_cmd"):
+    for name in ("run_cmd", "report_cmd", "demo_cmd", "tune_cmd", "compare_cmd"):
         try:
             module = importlib.import_module(f"trainmedic.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -16,10 +16,13 @@ from trainmedic.diagnose.contention import cpu_contention, gpu_contention
 from trainmedic.diagnose.gpu_visibility import gpu_visibility
 from trainmedic.diagnose.hardware import hardware_faults
 from trainmedic.diagnose.healthy import overall
+from trainmedic.diagnose.host_time import host_time
 from trainmedic.diagnose.incidents import incidents
-from trainmedic.diagnose.input_bound import input_bound, shm_too_small
+from trainmedic.diagnose.input_bound import input_bound
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.precision import no_mixed_precision
+from trainmedic.diagnose.probe_reach import probe_reach
+from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.stalls import stalls
 from trainmedic.diagnose.thermal import throttling
 from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
@@ -33,6 +36,7 @@ Rule = Callable[[RunView, Thresholds], Sequence[Finding]]
 
 RULES: tuple[Rule, ...] = (
     input_bound,
+    host_time,
     shm_too_small,
     host_overhead,
     small_batch,
@@ -46,6 +50,7 @@ RULES: tuple[Rule, ...] = (
     gpu_visibility,
     stalls,
     incidents,
+    probe_reach,
 )
 
 

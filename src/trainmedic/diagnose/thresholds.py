@@ -59,6 +59,20 @@ class Thresholds:
         amp_skip_warning_share / amp_skip_error_share: share of the optimizer steps
             after GradScaler's warm-up that it skipped, for a warning / an error.
         amp_skip_min: fewer skips after the warm-up are never reported.
+        spare_min_cores: cores left over (usable - the job's useful CPU - others')
+            from which another loader process has room.
+        others_min_cores: others' CPU from which they count as competitors, cores.
+        cpu_wait_warning_share / cpu_wait_error_share: share of the training
+            thread's time waiting for a CPU that is a warning / an error.
+        cpu_wait_info_share: below the warning, a wait from this share is reported
+            for information.
+        loader_starved_share: loading threads (workers, or the training thread
+            with no workers) waiting this share of their time for a CPU are starved.
+        steal_high_pct: hypervisor steal (percent of all cores) that takes a
+            measurable share of the job's CPU.
+        throttled_high_share: share of wall time the job's cgroup was throttled.
+        outside_min_samples: stack samples of time outside the step needed to
+            say what it was.
     """
 
     min_steady_steps: int = 5
@@ -95,6 +109,15 @@ class Thresholds:
     amp_skip_warning_share: float = 0.02
     amp_skip_error_share: float = 0.5
     amp_skip_min: int = 5
+    spare_min_cores: float = 0.5
+    others_min_cores: float = 0.5
+    cpu_wait_warning_share: float = 0.05
+    cpu_wait_error_share: float = 0.25
+    cpu_wait_info_share: float = 0.02
+    loader_starved_share: float = 0.20
+    steal_high_pct: float = 5.0
+    throttled_high_share: float = 0.05
+    outside_min_samples: int = 20
 
 
 DEFAULT_THRESHOLDS = Thresholds()

@@ -441,7 +441,14 @@ class ActivityAggregate:
         self.frames: Counter[str] = Counter()
 
     def add(self, frames: Sequence[FrameInfo], role: str) -> str:
-        state = classify(frames, role)
+        if role == "self":
+            # Between steps without a DataLoader: name what the loop does (sleep,
+            # logging, syncs...) instead of calling all of it data preparation.
+            from trainmedic.probe.host_states import classify_outside
+
+            state = classify_outside(frames)
+        else:
+            state = classify(frames, role)
         self.counts[state] += 1
         if state != "idle":
             self.frames[frame_key(frames)] += 1
@@ -452,6 +459,7 @@ class ActivityAggregate:
         if not self.counts:
             return None
         counts = {s: self.counts.get(s, 0) for s in STATES}
+        counts.update({s: n for s, n in self.counts.items() if s not in counts})
         top = dict(self.frames.most_common(TOP_FRAMES))
         self.counts = Counter()
         self.frames = Counter()

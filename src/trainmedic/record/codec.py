@@ -219,6 +219,17 @@ HOST_KEYS: dict[str, str] = {
     "swap_used_bytes": "su",
     "others_cpu_pct": "oc",
     "cgroup_throttled_s": "ct",
+    "steal_pct": "sp",
+    "train_threads": "tn",
+    "train_cpu_cores": "tr",
+    "train_wait_cores": "tw",
+    "train_wait_max_share": "tm",
+    "helper_cpu_cores": "hr",
+    "helper_wait_cores": "hw",
+    "loader_cpu_cores": "lr",
+    "loader_wait_cores": "lw",
+    "job_wait_cores": "jw",
+    "job_threads": "jt",
 }
 _HOST_REQUIRED = (
     "t",
@@ -231,6 +242,19 @@ _HOST_REQUIRED = (
     "swap_used_bytes",
 )
 _HOST_INTS = ("job_rss_bytes", "job_processes", "mem_available_bytes", "swap_used_bytes")
+_HOST_OPT_INTS = ("train_threads", "job_threads")
+# Cores and shares of the job's threads: a millicore is far below their noise.
+_HOST_CORES = (
+    "train_cpu_cores",
+    "train_wait_cores",
+    "train_wait_max_share",
+    "helper_cpu_cores",
+    "helper_wait_cores",
+    "loader_cpu_cores",
+    "loader_wait_cores",
+    "job_wait_cores",
+)
+_CORE_DIGITS = 3
 _HOST_RATES = (
     "disk_read_bytes_per_s",
     "disk_write_bytes_per_s",
@@ -250,7 +274,9 @@ def encode_host(h: HostSample) -> dict[str, Any]:
             value = _round(value, _TIME_DIGITS)
         elif name in _HOST_RATES:
             value = _round(value, 0)
-        elif name not in _HOST_INTS:
+        elif name in _HOST_CORES:
+            value = _round(value, _CORE_DIGITS)
+        elif name not in _HOST_INTS and name not in _HOST_OPT_INTS:
             value = _round(value, _PCT_DIGITS)
         out[key] = value
     return out
@@ -262,6 +288,8 @@ def decode_host(obj: Mapping[str, Any]) -> HostSample:
         if name in _HOST_REQUIRED:
             raw = obj[key]
             values[name] = _int(raw) if name in _HOST_INTS else float(raw)
+        elif name in _HOST_OPT_INTS:
+            values[name] = _opt_int(obj.get(key))
         else:
             values[name] = _opt_float(obj.get(key))
     return HostSample(**values)

@@ -69,11 +69,14 @@ def probe_environment(
 ) -> dict[str, str]:
     """The job's environment: ``base`` plus what the probe needs.
 
-    The bootstrap directory goes first on ``PYTHONPATH``; an existing
-    ``PYTHONPATH`` follows unchanged. What an earlier trainmedic left in
-    ``base`` (a shell started inside a run whose supervisor is gone) is
-    dropped first, so the job never reports to another run's socket: with
-    ``probe=False`` the job gets no probe at all.
+    The variables make the start-up hook installed with trainmedic
+    (``trainmedic-probe.pth``) load the probe in every interpreter of an
+    environment that has it, whatever ``PYTHONPATH`` becomes; for other
+    interpreters the bootstrap directory goes first on ``PYTHONPATH`` (an
+    existing ``PYTHONPATH`` follows unchanged). docs/run.md, "Probe loading".
+    What an earlier trainmedic left in ``base`` (a shell started inside a run
+    whose supervisor is gone) is dropped first, so the job never reports to
+    another run's socket: with ``probe=False`` the job gets no probe at all.
     """
     env = dict(base)
     for name in (probe_env.ADDR, probe_env.TOKEN):

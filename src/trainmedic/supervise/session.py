@@ -47,6 +47,7 @@ from trainmedic.supervise.attempts import (
     ResilienceOptions,
     StopRequests,
 )
+from trainmedic.supervise.census import ProcessCensus
 from trainmedic.supervise.fallback import run_on_unsupervised
 from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
@@ -61,6 +62,7 @@ from trainmedic.supervise.output import TerminalMux
 from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.rundir import command_name
 from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
+from trainmedic.supervise.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
 from trainmedic.supervise.watchdog import Watchdog
 from trainmedic.supervise.xid_watch import XidWatcher
 
@@ -164,6 +166,8 @@ class _Observers:
         self.gpu_period_s: float | None = None
         self._gpu: GpuSampler | None = None
         self._xids: XidWatcher | None = None
+        self._table = session.table
+        self.census = ProcessCensus(started_at=self._wall())
         self.samplers: list[SamplerThread] = []
         self.live: LiveView | None = None
         self.facts = _FactsGatherer(simulation)
@@ -194,7 +198,12 @@ class _Observers:
 
     def _start_host(self, job: CurrentJob) -> None:
         host = HostSampler(
-            job.pid, self._router.add_host, tree=job.descendants, cgroup_cpu=_cgroup_reader(job.pid)
+            job.pid,
+            self._router.add_host,
+            tree=job.descendants,
+            cgroup_cpu=_cgroup_reader(job.pid),
+            threads=ThreadSampler(lambda: _roles(self._table)),
+            census=self.census,
         )
         self._thread("host", "host", host.sample_once)
 
@@ -376,6 +385,7 @@ class RunSession:
                 raise
             for o in observers:
                 o.stop()
+                router.add_event(o.census.event(self.wall(), probe=options.probe))
             server.close()
         ended_at = result.ended_at
         returncode = result.returncode
@@ -534,6 +544,17 @@ class RunSession:
             cuda_available=info.cuda_initialized,
             probed=info.cuda_initialized,
         )
+
+
+def _roles(table: ProcessTable) -> dict[int, str]:
+    """What the probes said each process does: DataLoader worker, or training (it marks steps)."""
+    roles: dict[int, str] = {}
+    for pid, state in table.snapshot().items():
+        if state.hello.role == "worker":
+            roles[pid] = ROLE_WORKER
+        elif state.last_heartbeat is not None and state.last_heartbeat.steps > 0:
+            roles[pid] = ROLE_TRAIN
+    return roles
 
 
 def _sampler_error(what: str, exc: BaseException, t: float) -> RunEvent:
