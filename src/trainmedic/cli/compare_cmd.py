@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import write_json
+from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
 
 
@@ -34,6 +34,9 @@ from trainmedic.errors import InputError, UsageError
     help="Write the comparison as JSON to FILE, or to stdout when no FILE is given.",
 )
 @click.option("--html", "html_out", metavar="FILE", help="Write the comparison as an HTML page.")
+@click.option(
+    "--force", is_flag=True, help="Replace an existing --json/--html file trainmedic did not write."
+)
 @click.option(
     "--min-effect",
     type=click.FloatRange(0.0, 0.5),
@@ -54,6 +57,7 @@ def compare(
     after: str,
     json_out: str | None,
     html_out: str | None,
+    force: bool,
     min_effect: float,
     confidence: float,
 ) -> int:
@@ -63,17 +67,13 @@ def compare(
     from trainmedic.cli.report_cmd import load_or_diagnose
     from trainmedic.record.store import load_run_record
     from trainmedic.report.compare import compare_runs
-    from trainmedic.report.compare_view import render_comparison, write_comparison_html
+    from trainmedic.report.compare_view import render_comparison, render_comparison_html
 
     dirs = (Path(before), Path(after))
-    json_path = _output("--json", json_out, dirs) if json_out not in (None, "-") else None
-    html_path = _output("--html", html_out, dirs) if html_out is not None else None
-    if (
-        json_path is not None
-        and html_path is not None
-        and json_path.resolve() == html_path.resolve()
-    ):
-        raise UsageError(f"--json and --html name the same file {json_path}")
+    for flag, value in (("--json", json_out), ("--html", html_out)):
+        if value not in (None, "-"):
+            _outside_runs(flag, value, dirs)
+    outputs = check_outputs({"--json": json_out, "--html": html_out}, force=force)
     records = [load_run_record(d) for d in dirs]
     documents = [load_or_diagnose(d, r) for d, r in zip(dirs, records, strict=True)]
     comparison = compare_runs(
@@ -89,15 +89,14 @@ def compare(
         sys.stdout.write(json.dumps(comparison.to_dict(), indent=2) + "\n")
     else:
         render_comparison(Console(highlight=False), comparison)
-    if json_path is not None:
-        write_json(json_path, comparison.to_dict())
-        click.echo(f"json written to {json_path}", err=json_out == "-")
-    if html_path is not None:
-        try:
-            write_comparison_html(comparison, records[0], records[1], html_path)
-        except OSError as exc:
-            raise InputError(f"--html {html_path}: cannot write: {exc.strerror or exc}") from None
-        click.echo(f"html written to {html_path}", err=json_out == "-")
+    if "--json" in outputs:
+        data = json.dumps(comparison.to_dict(), indent=2) + "\n"
+        write_output(outputs["--json"], lambda f: f.write(data))
+        click.echo(f"json written to {json_out}", err=True)
+    if "--html" in outputs:
+        page = render_comparison_html(comparison, records[0], records[1])
+        write_output(outputs["--html"], lambda f: f.write(page))
+        click.echo(f"html written to {html_out}", err=True)
     return 0
 
 
@@ -105,19 +104,15 @@ def _name(directory: Path) -> str:
     return directory.resolve().name or str(directory)
 
 
-def _output(flag: str, value: str, run_dirs: tuple[Path, Path]) -> Path:
-    """An output path that is writable and never a file of either run."""
+def _outside_runs(flag: str, value: str, run_dirs: tuple[Path, Path]) -> None:
+    """Refuse an output inside either run directory: a comparison is about them,
+    never part of their record."""
     if not value:
         raise UsageError(f"{flag}: empty file name")
-    path = Path(value)
-    if path.is_dir():
-        raise InputError(f"{flag} {path}: is a directory")
-    if not path.parent.is_dir():
-        raise InputError(f"{flag} {path}: directory {path.parent} does not exist")
+    parent = Path(value).resolve().parent
     for run_dir in run_dirs:
-        if run_dir.is_dir() and path.resolve().parent == run_dir.resolve():
-            raise InputError(f"{flag} {path}: would write into the run directory {run_dir}")
-    return path
+        if run_dir.is_dir() and parent == run_dir.resolve():
+            raise InputError(f"{flag} {value}: would write into the run directory {run_dir}")
 
 
 COMMAND = compare

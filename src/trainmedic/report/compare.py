@@ -149,6 +149,8 @@ class Comparison:
             }
 
         return {
+            "tool": "compare",
+            "schema_version": 1,
             "before": side(self.before),
             "after": side(self.after),
             "metric": self.metric,

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -114,20 +111,6 @@ def _pct(v: float) -> str:
 
 
 # --- HTML ----------------------------------------------------------------------------------
-
-
-def write_comparison_html(c: Comparison, before: RunRecord, after: RunRecord, path: Path) -> None:
-    """Write the comparison as one self-contained page (replaced atomically)."""
-    page = render_comparison_html(c, before, after)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -> str:
