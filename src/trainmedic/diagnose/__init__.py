@@ -20,6 +20,7 @@ from trainmedic.diagnose.incidents import incidents
 from trainmedic.diagnose.input_bound import input_bound, shm_too_small
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.precision import no_mixed_precision
+from trainmedic.diagnose.ranks import distributed
 from trainmedic.diagnose.stalls import stalls
 from trainmedic.diagnose.thermal import throttling
 from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
@@ -46,6 +47,7 @@ RULES: tuple[Rule, ...] = (
     gpu_visibility,
     stalls,
     incidents,
+    distributed,
 )
 
 
