@@ -130,12 +130,14 @@ def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> No
     from trainmedic.record.stats import summarize
     from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
+    from trainmedic.report.ranks import render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console = Console(highlight=False)
     render_run_summary(console, record.meta, summarize(record))
     console.print()
+    render_ranks(console, record)
     render_incidents(console, record)
     render_applied(console, record)
     render_findings(console, findings, "findings", show_info=not brief)

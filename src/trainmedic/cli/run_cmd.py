@@ -292,12 +292,14 @@ def _print_summary(
     from trainmedic.record.stats import summarize
     from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
+    from trainmedic.report.ranks import render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console.print()
     render_run_summary(console, record.meta, summarize(record))
     console.print()
+    render_ranks(console, record)
     render_incidents(console, record)
     render_applied(console, record, None if plan is None else str(plan.get("source")))
     render_findings(console, findings, "findings")
