@@ -10,7 +10,7 @@ with fewer than two ranks.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -75,6 +75,48 @@ def render_ranks(console: Console, record: RunRecord) -> None:
     console.print()
 
 
+def node_rows(record: RunRecord) -> list[tuple[str, ...]]:
+    """A merged record's nodes: name, directory, ranks, clock offset and accuracy."""
+    nodes = record.meta.environment.get("nodes")
+    if not isinstance(nodes, list) or len(nodes) < 2:
+        return []
+    rows: list[tuple[str, ...]] = []
+    for n in nodes:
+        if not isinstance(n, Mapping):
+            continue
+        offset, accuracy = n.get("clock_offset_s"), n.get("clock_accuracy_s")
+        clock = str(n.get("clock_method") or "")
+        if isinstance(offset, (int, float)) and clock != "reference":
+            clock = f"{offset * 1000:+,.1f} ms" + (
+                f" ± {accuracy * 1000:,.1f} ms" if isinstance(accuracy, (int, float)) else ""
+            ) + f" ({n.get('clock_method')}, {n.get('clock_pairs')} steps)"
+        ranks = n.get("ranks") or []
+        rows.append(
+            (
+                str(n.get("hostname")),
+                str(n.get("run_dir")),
+                ",".join(str(r) for r in ranks) if isinstance(ranks, list) else "",
+                clock,
+            )
+        )
+    return rows
+
+
+def render_nodes(console: Console, record: RunRecord) -> None:
+    """The nodes of a merged report and how their clocks were aligned."""
+    rows = node_rows(record)
+    if not rows:
+        return
+    table = Table(title="nodes (clocks aligned to the first)", title_justify="left",
+                  show_edge=False, pad_edge=False, box=None)  # fmt: skip
+    for h in ("node", "run directory", "ranks", "clock"):
+        table.add_column(h)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print()
+
+
 def ranks_html(record: RunRecord) -> str:
     """The per-rank table as an HTML section ('' for fewer than two ranks)."""
     stats = ranks_of_record(record)
@@ -85,8 +127,20 @@ def ranks_html(record: RunRecord) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
         for row in rank_rows(stats)
     )
+    nodes = ""
+    rows = node_rows(record)
+    if rows:
+        cells = "\n".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+        )
+        nodes = (
+            '<table class="ranks"><thead><tr><th>node</th><th>run directory</th>'
+            f"<th>ranks</th><th>clock</th></tr></thead><tbody>\n{cells}\n</tbody></table>\n"
+        )
     return (
-        '<h2 id="ranks">Ranks</h2>\n<p>Steady steps of each rank; times are per step. A rank '
+        '<h2 id="ranks">Ranks</h2>\n'
+        + nodes
+        + "<p>Steady steps of each rank; times are per step. A rank "
         "whose data wait stands out while the others' compute grows holds them back in the "
         "all-reduce (see the findings).</p>\n"
         f'<table class="ranks"><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>'
@@ -103,4 +157,12 @@ def _ms_share(seconds: float | None, share: float | None) -> str:
     return _ms(seconds) + ("" if share is None else f" ({share:.0%})")
 
 
-__all__ = ["HEADERS", "rank_rows", "ranks_html", "ranks_of_record", "render_ranks"]
+__all__ = [
+    "HEADERS",
+    "node_rows",
+    "rank_rows",
+    "ranks_html",
+    "ranks_of_record",
+    "render_nodes",
+    "render_ranks",
+]
