@@ -14,11 +14,13 @@ waited ``w_s`` for its own batch while another waited ``w_r`` holds that
 other back by ``w_s - w_r`` — the other finished its own part that much
 earlier and sat in the all-reduce meanwhile. Data wait is the right part to
 compare because it is never a wait on peers (it is measured inside the
-DataLoader, or as host time outside forward/backward/optimizer). The
-inference is checked against a direct sign of the wait where one exists:
-on CPU (gloo) DDP's all-reduce waits inside ``backward``, so the others'
-compute time exceeds the straggler's by about the same amount (reported as
-``others_wait_in_backward_s``). Python-level collectives and DDP's C++
+DataLoader, or as host time outside forward/backward/optimizer). On CPU
+(gloo) DDP's all-reduce waits inside ``backward``, so the others' compute
+time exceeds the straggler's by about the same amount: reported as
+``others_wait_in_backward_s``, a second reading of the same wait. Without a
+DataLoader, host time outside forward/backward/optimizer may itself be a wait
+on the peers (an ``all_reduce`` of metrics), so the rank's own stacks between
+steps must show it preparing data. Python-level collectives and DDP's C++
 reducer are not wrapped by the probe: wrapping would cost every job and
 still miss the reducer's waits, which run inside the autograd engine.
 
@@ -71,8 +73,9 @@ class RankThresholds:
             each step).
         lockstep_tolerance: ranks whose steps differ by more than this share of
             the step time (median over steps) do not wait for each other.
-        corroboration: the others' extra compute must reach this share of the
-            inferred wait when the straggler's data wait is not a DataLoader's.
+        corroboration: without a DataLoader, the straggler's stacks between steps
+            must show it preparing data (reading, receiving, transforming) in at
+            least this share of the samples.
         clock_slow_ratio: a GPU clocked at or under this share of the other
             GPUs' median is slow.
         throttled_min_share: ... and held down by a slowdown reason in at least
@@ -218,15 +221,14 @@ def data_straggler(
         return None
     own = {s.rank: s for s in stats}[best.rank]
     pids = _pids_of_rank(view.record, best.rank)
-    from_loader = any(lo.pid in pids for lo in view.record.loaders)
-    confirmed = (
-        best.backward_wait_s is not None
-        and best.backward_wait_s >= rt.corroboration * best.holdback_s
-    )
-    if not (from_loader or confirmed):
-        # Host time outside forward/backward/optimizer may itself be a wait on the
-        # others (an all_reduce of metrics): without a DataLoader's wait or the
-        # others' longer backward, the difference is not the straggler's own.
+    if not any(lo.pid in pids for lo in view.record.loaders) and not _prepares_data(
+        view, th, rt, pids
+    ):
+        # Without a DataLoader, "data wait" is host time outside forward/backward/
+        # optimizer, which may itself be a wait on the others (an all_reduce of
+        # metrics, a barrier): the others' longer compute then means they compute
+        # more, not that they wait. Only stacks showing the rank preparing data
+        # (reading, receiving, transforming) make the difference its own.
         return None
     share = min(1.0, best.holdback_s / step)
     cause = _data_cause(view, th, pids, best.rank)
@@ -338,6 +340,16 @@ def _data_cause(
     cause = input_cause(sub, th)
     ev.update({k: v for k, v in cause.evidence.items() if k not in ev})
     return (cause.category, cause.title, cause.fix, ev)
+
+
+def _prepares_data(
+    view: RunView, th: Thresholds, rt: RankThresholds, pids: frozenset[int]
+) -> bool:
+    """The rank's stacks between steps were mostly preparing data."""
+    mine = _activity(view, pids)
+    total = sum(mine.values())
+    busy = sum(mine[k] for k in ("transform", "file_read", "socket_wait"))
+    return total >= th.activity_min_samples and busy >= rt.corroboration * total
 
 
 def _activity(view: RunView, pids: frozenset[int]) -> Counter[str]:
