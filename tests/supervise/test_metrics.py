@@ -138,3 +138,21 @@ def test_the_server_answers_on_loopback_and_a_taken_port_is_refused() -> None:
     with socket.socket() as s:  # nobody listens there any more
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", exporter.port))
+
+
+def test_every_documented_and_dashboard_metric_is_served() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    served = {name for name, _ in samples(fed_state())}
+    documented = set(re.findall(r"`(trainmedic_[a-z_]+)", (docs / "metrics.md").read_text()))
+    dashboard = json.loads((docs / "grafana-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    used = set(re.findall(r"trainmedic_[a-z_]+", exprs))
+    assert documented and used
+    assert documented - served == set()
+    assert used - served == set()
+    # and nothing served goes undocumented
+    assert served - documented == set()
