@@ -243,3 +243,13 @@ def test_without_a_dataloader_stacks_preparing_data_make_it_the_rank_s_own() -> 
     )
     f = by_id(record)["distributed.straggler.data"]
     assert f.evidence["rank"] == 1 and f.category.value == "cpu"
+
+
+def test_uneven_batches_name_the_rank_with_the_most() -> None:
+    record = ddp_record(ranks=3)
+    record.steps = [
+        s if s.rank != 2 else StepRecord(**{**s.__dict__, "samples": 24}) for s in record.steps
+    ]
+    f = by_id(record)["distributed.uneven_batches"]
+    assert f.evidence["rank"] == 2 and f.evidence["ratio"] == 1.5
+    assert "distributed.uneven_batches" not in by_id(ddp_record(ranks=3))

@@ -83,6 +83,8 @@ class RankThresholds:
         imbalance_points: GPUs whose mean utilization differs by this many
             percentage points are unevenly loaded ...
         imbalance_busy_pct: ... when the busiest is at least this busy.
+        uneven_samples_share: ranks whose mean samples per step differ by more than
+            this share get uneven batches.
         timeout_factor / timeout_min_s: the recommended collective timeout is
             this many times the longest legitimate gap between collectives, and
             at least this many seconds.
@@ -100,6 +102,7 @@ class RankThresholds:
     throttled_min_share: float = 0.20
     imbalance_points: float = 25.0
     imbalance_busy_pct: float = 50.0
+    uneven_samples_share: float = 0.10
     timeout_factor: float = 3.0
     timeout_min_s: float = 300.0
 
@@ -124,8 +127,47 @@ def distributed_findings(view: RunView, th: Thresholds, rt: RankThresholds) -> l
         findings.append(straggler)
     else:
         findings.extend(gpu_imbalance(view, rt, stats))
+    findings.extend(uneven_batches(rt, stats))
     findings.extend(collective_timeout(view, rt, stats))
     return findings
+
+
+def uneven_batches(rt: RankThresholds, stats: Sequence[RankStats]) -> list[Finding]:
+    """Ranks given different amounts of data per step: the rank with the most
+    computes longest while the others wait for it in every all-reduce."""
+    known = [s for s in stats if s.samples_per_step]
+    if len(known) < 2:
+        return []
+    most = max(known, key=lambda s: s.samples_per_step or 0.0)
+    fewest = min(known, key=lambda s: s.samples_per_step or 0.0)
+    ratio = (most.samples_per_step or 0.0) / (fewest.samples_per_step or 1.0)
+    if ratio < 1.0 + rt.uneven_samples_share:
+        return []
+    per_rank = {str(s.rank): round(s.samples_per_step or 0.0, 2) for s in known}
+    return [
+        Finding(
+            id="distributed.uneven_batches",
+            category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.WARNING,
+            title=(
+                f"Ranks get uneven batches: rank {most.rank} {most.samples_per_step:.1f} samples "
+                f"per step, rank {fewest.rank} {fewest.samples_per_step:.1f}"
+            ),
+            evidence={
+                "rank": most.rank,
+                "samples_per_step": per_rank,
+                "ratio": ratio,
+                "uneven_samples_share": rt.uneven_samples_share,
+            },
+            fix=(
+                "Give every rank the same batch: DistributedSampler(dataset, drop_last=True) "
+                "with the same batch_size on every rank; with variable-length samples, "
+                "bucket by length so that every rank's batch costs the same."
+            ),
+            impact=None,
+            subject=f"rank{most.rank}",
+        )
+    ]
 
 
 # --- the data straggler ----------------------------------------------------------------------
@@ -619,4 +661,5 @@ __all__ = [
     "distributed_findings",
     "gpu_imbalance",
     "gpu_straggler",
+    "uneven_batches",
 ]
