@@ -31,6 +31,8 @@ class Hello:
             process) or ``worker`` (a DataLoader worker).
         rank / local_rank: distributed ranks from the environment, when set.
         t: Unix time the probe started in this process, seconds.
+        node: the host's name (``uname -n``), where the process runs.
+        node_rank / world_size: torchrun's ``GROUP_RANK`` and ``WORLD_SIZE``, when set.
     """
 
     pid: int
@@ -42,6 +44,9 @@ class Hello:
     python: str
     executable: str
     t: float
+    node: str | None = None
+    node_rank: int | None = None
+    world_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,9 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "python": message.python,
             "executable": message.executable,
             "t": message.t,
+            "node": message.node,
+            "node_rank": message.node_rank,
+            "world_size": message.world_size,
         }
     elif isinstance(message, TorchInfo):
         obj = {
@@ -251,6 +259,9 @@ def _hello(obj: Mapping[str, Any]) -> Hello:
         python=_str(obj.get("python", "")),
         executable=_str(obj.get("executable", "")),
         t=float(obj["t"]),
+        node=None if obj.get("node") is None else _str(obj["node"]),
+        node_rank=_opt_int(obj.get("node_rank")),
+        world_size=_opt_int(obj.get("world_size")),
     )
 
 

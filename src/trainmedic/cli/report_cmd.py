@@ -27,7 +27,7 @@ FINDINGS_FILE = "findings.json"
 
 
 @click.command("report")
-@click.argument("run_dir", metavar="RUN_DIR")
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True)
 @click.option(
     "--json",
     "json_out",
@@ -52,7 +52,7 @@ FINDINGS_FILE = "findings.json"
 )
 @click.option("--brief", is_flag=True, help="Hide info findings in the terminal report.")
 def report(
-    run_dir: str,
+    run_dirs: tuple[str, ...],
     json_out: str | None,
     html_out: str | None,
     trace_out: str | None,
@@ -60,19 +60,37 @@ def report(
     brief: bool,
 ) -> int:
     """Show the report of the run recorded in RUN_DIR (a directory written by
-    'trainmedic run'), and optionally export it as JSON, HTML or a trace."""
+    'trainmedic run'), and optionally export it as JSON, HTML or a trace.
+
+    Several RUN_DIRs — one per node of a job across nodes — are merged into one
+    report, their clocks aligned on the steps the ranks made in lockstep."""
     from trainmedic.record.store import load_run_record
 
-    if not run_dir:
-        raise InputError("RUN_DIR is empty (give the run directory 'trainmedic run' wrote)")
-    problem = path_problem(run_dir)
-    if problem:
-        raise InputError(f"run directory {printable(run_dir)}: {problem}")
-    directory = Path(run_dir)
+    directories: list[Path] = []
+    for run_dir in run_dirs:
+        if not run_dir:
+            raise InputError("RUN_DIR is empty (give the run directory 'trainmedic run' wrote)")
+        problem = path_problem(run_dir)
+        if problem:
+            raise InputError(f"run directory {printable(run_dir)}: {problem}")
+        directory = Path(run_dir)
+        if any(_same_dir(directory, d) for d in directories):
+            raise InputError(f"run directory {printable(run_dir)} is given twice")
+        directories.append(directory)
     requested = {"--json": json_out, "--html": html_out, "--trace": trace_out}
-    outputs = check_outputs(requested, run_dir=directory, force=force)
-    record = load_run_record(directory)
-    document = load_or_diagnose(directory, record)
+    outputs = {}
+    for directory in reversed(directories):
+        outputs = check_outputs(requested, run_dir=directory, force=force)
+    records = [load_run_record(d) for d in directories]
+    if len(records) == 1:
+        record = records[0]
+        document = load_or_diagnose(directories[0], record)
+    else:
+        from trainmedic.record.merge import merge_records
+
+        pairs = zip(directories, records, strict=True)
+        record = merge_records([(printable(str(d)), r) for d, r in pairs])
+        document = diagnose_merged(record)
     findings = list(document.findings)
 
     to_stdout = json_out == "-"
@@ -95,6 +113,31 @@ def report(
     for flag, output in outputs.items():
         click.echo(f"{flag[2:]} report written to {printable(str(output.path))}", err=to_stdout)
     return 0
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def diagnose_merged(record: RunRecord) -> FindingsDocument:
+    """The findings of several nodes' runs merged into one record."""
+    from trainmedic.diagnose import diagnose_run
+
+    nodes = record.meta.environment.get("nodes") or []
+    return FindingsDocument.build(
+        "run",
+        diagnose_run(record),
+        created_at=time.time(),
+        context={
+            "run_id": record.meta.run_id,
+            "command": list(record.meta.command),
+            "merged": True,
+            "nodes": nodes,
+        },
+    )
 
 
 def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
@@ -130,12 +173,15 @@ def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> No
     from trainmedic.record.stats import summarize
     from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
+    from trainmedic.report.ranks import render_nodes, render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console = Console(highlight=False)
     render_run_summary(console, record.meta, summarize(record))
     console.print()
+    render_nodes(console, record)
+    render_ranks(console, record)
     render_incidents(console, record)
     render_applied(console, record)
     render_findings(console, findings, "findings", show_info=not brief)

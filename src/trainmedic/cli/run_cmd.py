@@ -30,6 +30,7 @@ from trainmedic.record.guard import record_loss_finding
 if TYPE_CHECKING:
     from trainmedic.record.types import RunRecord
     from trainmedic.supervise.attempts import ResilienceOptions
+    from trainmedic.supervise.metrics_server import Exporter
     from trainmedic.supervise.session import RunOutcome
 
 FINDINGS_FILE = "findings.json"
@@ -71,6 +72,13 @@ HTML_FILE = "report.html"
     help="Apply the fixes a previous run directory's findings (or a tune --json file) "
     "recommend, inside the unmodified job (docs/remedies.md).",
 )
+@click.option(
+    "--prometheus",
+    metavar="[ADDR:]PORT",
+    default=None,
+    help="Serve metrics for Prometheus at http://ADDR:PORT/metrics while the job runs "
+    "(127.0.0.1 unless ADDR is given; names in docs/metrics.md).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @resilience_options
 def run(
@@ -81,6 +89,7 @@ def run(
     no_probe: bool,
     fail_on: str,
     apply_from: str | None,
+    prometheus: str | None,
     command: tuple[str, ...],
     resilience: ResilienceOptions,
 ) -> int:
@@ -92,8 +101,7 @@ def run(
     (docs/restarts.md); a bug is not restarted."""
     from trainmedic.simulation import load_simulation
     from trainmedic.supervise.launcher import resolve_command
-    from trainmedic.supervise.rundir import default_run_dir, prepare_run_dir, remove_unused
-    from trainmedic.supervise.session import RunOptions, RunSession
+    from trainmedic.supervise.rundir import default_run_dir
 
     argv = tuple(command)
     if argv and argv[0] == "--":
@@ -110,6 +118,11 @@ def run(
     if simulate is not None:
         load_simulation(simulate)  # a bad file is refused before anything runs
     resolve_command(argv[0], os.environ)
+    listen = None
+    if prometheus is not None:
+        from trainmedic.supervise.metrics_server import parse_listen
+
+        listen = parse_listen(prometheus)
     environ = dict(os.environ)
     plan = None
     if apply_from is not None:
@@ -121,7 +134,40 @@ def run(
         _announce_plan(plan)
         environ[APPLY_ENV] = plan.to_env()
     run_dir = Path(out) if out else default_run_dir(argv)
+    with contextlib.ExitStack() as stack:
+        exporter = None
+        if listen is not None:
+            from trainmedic.supervise.metrics import MetricsState
+            from trainmedic.supervise.metrics_server import start_exporter
+
+            # Bound before anything is created: a port in use is a usage error.
+            exporter = start_exporter(MetricsState(printable(run_dir.name)), listen)
+            stack.callback(exporter.close)
+        return _run(
+            argv, run_dir, simulate, quiet, no_html, no_probe, fail_on, plan, environ,
+            resilience, exporter,
+        )  # fmt: skip
+
+
+def _run(
+    argv: tuple[str, ...],
+    run_dir: Path,
+    simulate: str | None,
+    quiet: bool,
+    no_html: bool,
+    no_probe: bool,
+    fail_on: str,
+    plan: Any,
+    environ: dict[str, str],
+    resilience: ResilienceOptions,
+    exporter: Exporter | None,
+) -> int:
+    from trainmedic.supervise.rundir import prepare_run_dir, remove_unused
+    from trainmedic.supervise.session import RunOptions, RunSession
+
     prepared = prepare_run_dir(run_dir)
+    if exporter is not None:
+        _say(f"trainmedic: metrics at {exporter.url}")
     options = RunOptions(
         argv=argv,
         run_dir=run_dir,
@@ -132,7 +178,9 @@ def run(
         resilience=resilience,
     )
     try:
-        outcome = RunSession(options, environ=environ).run()
+        outcome = RunSession(
+            options, environ=environ, metrics=None if exporter is None else exporter.state
+        ).run()
     except BaseException:
         remove_unused(prepared)  # only what it created, and only when empty
         raise
@@ -149,6 +197,8 @@ def run(
             f"(see it with 'trainmedic report {printable(str(run_dir))}')"
         )
         return outcome.exit_status
+    if exporter is not None and findings is not None:
+        exporter.state.set_findings(findings)
     if prepared.note:
         _say(f"trainmedic: note: {prepared.note}")
     if outcome.record_loss is not None:
@@ -242,12 +292,14 @@ def _print_summary(
     from trainmedic.record.stats import summarize
     from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
+    from trainmedic.report.ranks import render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console.print()
     render_run_summary(console, record.meta, summarize(record))
     console.print()
+    render_ranks(console, record)
     render_incidents(console, record)
     render_applied(console, record, None if plan is None else str(plan.get("source")))
     render_findings(console, findings, "findings")

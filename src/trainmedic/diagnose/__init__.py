@@ -22,6 +22,7 @@ from trainmedic.diagnose.input_bound import input_bound
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.precision import no_mixed_precision
 from trainmedic.diagnose.probe_reach import probe_reach
+from trainmedic.diagnose.ranks import distributed
 from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.stalls import stalls
 from trainmedic.diagnose.thermal import throttling
@@ -51,6 +52,7 @@ RULES: tuple[Rule, ...] = (
     stalls,
     incidents,
     probe_reach,
+    distributed,
 )
 
 

@@ -714,6 +714,9 @@ class Probe:
             python=sys.version.split()[0],
             executable=sys.executable,
             t=self.started_at,
+            node=os.uname().nodename,
+            node_rank=_env_int("GROUP_RANK"),
+            world_size=_env_int("WORLD_SIZE"),
         )
         return encode_message(hello, token=self.config.token)
 

@@ -139,7 +139,13 @@ _PEER_MODULES = tuple(
         "torch_xla.core.xla_model"
     )
 )
-_NOT_PEER_MODULES = ("torch.distributed.checkpoint", "torch.distributed.elastic")
+_NOT_PEER_MODULES = tuple(
+    # torchrun's agent sleeps in its monitor loop under these: a launcher, not a rank.
+    _words(
+        "torch.distributed.checkpoint torch.distributed.elastic torch.distributed.launcher "
+        "torch.distributed.run"
+    )
+)
 _COLLECTIVES = frozenset(
     _words(
         "all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all "

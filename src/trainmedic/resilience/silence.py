@@ -34,7 +34,11 @@ rank evaluating while the others wait in a barrier; DataLoader workers
 fetching slow remote samples while the trainer waits for them); it is
 unclear when any process is unclear; otherwise it is silent for the reason
 of its culprit: a stalled source first, then a spinning or blocked process,
-then ranks waiting on peers. Processes the probe does not see (a sidecar
+then ranks waiting on peers. In a distributed job the culprit is always a
+rank (or one of its DataLoader workers), never the launcher's agent, which
+sleeps in its monitor loop all along; a rank whose backward waits off the CPU
+is waiting in the gradient all-reduce (DDP's reducer waits in C++, where no
+collective shows on the Python stack). Processes the probe does not see (a sidecar
 such as a metrics uploader) count only when no probed process exists or one
 of them waits for a child program. The bounds that apply to each class are
 in :mod:`trainmedic.resilience.timeouts`.
@@ -331,6 +335,15 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
     if kind in (PlaceKind.PEER, PlaceKind.DEVICE):
         what = "a collective" if kind is PlaceKind.PEER else "a device synchronisation"
         return verdict(Silence.PEER_WAIT, f"waits in {what}{where}")
+    if window.rank is not None and s is not None and in_backward(s.place) and not (
+        k is not None and k.on_cpu
+    ):
+        # A rank's backward off the CPU with nothing counted is DDP's (or FSDP's)
+        # gradient reduction waiting for the other ranks: the reducer waits in C++,
+        # so no collective shows on the Python stack.
+        return verdict(
+            Silence.PEER_WAIT, f"waits in the gradient all-reduce inside backward{where}"
+        )
     if k is None:
         return verdict(Silence.UNCLEAR, "its CPU and I/O cannot be read")
     late = window.stack is not None and s is None
@@ -371,6 +384,18 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
     if k.state == "D":
         return _source_wait(verdict, k, PlaceKind.FILE, where)
     return verdict(Silence.BLOCKED, f"off the CPU, nothing moving{where}")
+
+
+_BACKWARD_FRAMES = ("_engine_run_backward", "run_backward")
+
+
+def in_backward(place: Place) -> bool:
+    """The thread is inside autograd's backward (``loss.backward()``), whose native
+    engine holds it: the innermost frame is autograd's entry into the engine."""
+    if place.calls and place.calls[-1] == "run_backward":
+        return True
+    inner = place.modules[0] if place.modules else ""
+    return inner.startswith("torch.autograd") and place.where.endswith(_BACKWARD_FRAMES)
 
 
 def _python_spin(s: StackView) -> bool:
@@ -459,14 +484,17 @@ def classify_job(windows: Sequence[ProcessWindow]) -> JobEvidence:
     ]  # fmt: skip
     if not counted:
         return JobEvidence(Silence.UNCLEAR, "no process of the job could be observed")
+    ranked = [e for e in counted if e.rank is not None]
     for e in counted:
         if e.silence is Silence.WORK:
             return JobEvidence(Silence.WORK, _who(e), e, tuple(evidences))
     for e in counted:
         if e.silence is Silence.UNCLEAR:
             return JobEvidence(Silence.UNCLEAR, _who(e), e, tuple(evidences))
+    # In a distributed job the culprit is a rank (or a DataLoader worker of one):
+    # the launcher's agent (torchrun) sleeps in its monitor loop all along.
     culprit = min(
-        counted,
+        ranked or counted,
         key=lambda e: (
             _CULPRIT_ORDER.index(e.silence),
             # A process waiting on the job itself (a trainer waiting for its workers)

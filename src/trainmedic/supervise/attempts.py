@@ -55,6 +55,7 @@ from trainmedic.resilience.classify import (
     classify_failure,
 )
 from trainmedic.resilience.errorfile import ErrorReport
+from trainmedic.resilience.group import StoppedRank, first_stopped
 from trainmedic.resilience.incidents import (
     HANG_DETECTED,
     REMEDY,
@@ -225,6 +226,7 @@ class _Attempt:
     verdict: TimeoutVerdict | None = None
     evidence: JobEvidence | None = None
     detected_wall: float | None = None
+    first_stopped: StoppedRank | None = None
     stop: StopReport | None = None
     stopped_by_us: bool = False
 
@@ -463,11 +465,21 @@ class AttemptLoop:
         attempt.detected_wall = self._wall()
         directory = self._attempt_dir(attempt.number)
         why = f" — {attempt.evidence.why}" if attempt.evidence is not None else ""
+        stopped = first_stopped(attempt.evidence, self.watchdog.rank_progress())
+        attempt.first_stopped = stopped
+        group = ""
+        if stopped is not None:
+            group = (
+                f"; the group waits on rank {stopped.rank} (pid {stopped.pid}), "
+                f"which stopped first: {stopped.why}"
+            )
         self._notice(
-            f"attempt {attempt.number} is hung: {verdict.reason}{why}; taking stacks, "
-            "then stopping it"
+            f"attempt {attempt.number} is hung: {verdict.reason}{why}{group}; taking stacks "
+            "of every process, then stopping the whole job"
         )
         verdict_data = _verdict_data(verdict, attempt.evidence)
+        if stopped is not None:
+            verdict_data["first_stopped"] = stopped.to_data()
         attempt.hang = capture_hang(
             directory,
             self.watchdog.job_processes(),
@@ -618,6 +630,8 @@ class AttemptLoop:
                 "reason": attempt.verdict.reason,
                 **{k.removeprefix("hang_"): v for k, v in _hang_evidence(attempt).items()},
             }
+            if attempt.first_stopped is not None:
+                hang["first_stopped"] = attempt.first_stopped.to_data()
         stop = {}
         if attempt.stop is not None:
             s = attempt.stop
@@ -780,6 +794,15 @@ def _with_detail(
         evidence["forensics"] = [str(rel / f) for f in attempt.hang.files]
         notes = "; ".join(attempt.hang.notes)
         detail = attempt.hang.summary + (f" ({notes})" if notes else "")
+        stopped = attempt.first_stopped
+        if stopped is not None:
+            # A distributed job hangs as a group: the rank the others wait on.
+            evidence["rank"] = stopped.rank
+            evidence["first_stopped"] = stopped.to_data()
+            detail += (
+                f"; the group waited on rank {stopped.rank} (pid {stopped.pid}), which "
+                f"stopped first: {stopped.why}"
+            )
     else:
         trace = _traceback(c, attempt, directory)
         if trace:

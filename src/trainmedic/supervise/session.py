@@ -58,6 +58,7 @@ from trainmedic.supervise.launcher import (
     same_destination,
 )
 from trainmedic.supervise.live import LiveAggregate, LiveView
+from trainmedic.supervise.metrics import MetricsState
 from trainmedic.supervise.output import TerminalMux
 from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.rundir import command_name
@@ -259,6 +260,7 @@ class RunSession:
         wall: Callable[[], float] = time.time,
         write: WriteFn = os.write,
         keep_output: bool = True,
+        metrics: MetricsState | None = None,
     ) -> None:
         """``write`` is the seam every write into the run directory goes through
         (tests inject a full disk); ``keep_output`` starts the output keeper."""
@@ -270,6 +272,8 @@ class RunSession:
         self.stderr_fd = stderr_fd
         self.wall = wall
         self.table = ProcessTable()
+        self.metrics = metrics
+        """The Prometheus exporter's state (``--prometheus``): one more record sink."""
 
     def _live_mode(self) -> str:
         if self.options.live == "off":
@@ -307,7 +311,11 @@ class RunSession:
             self.table, lambda: current[0].descendants() if current else [], wall=self.wall
         )
         token = secrets.token_hex(16)
-        writer, router, server = self._open_record(meta, [aggregate, watchdog], token)
+        sinks: list[Any] = [aggregate, watchdog]
+        if self.metrics is not None:
+            self.metrics.warnings = lambda: aggregate.status(self.wall()).warnings
+            sinks.append(self.metrics)
+        writer, router, server = self._open_record(meta, sinks, token)
         mode = self._live_mode()
         mux = TerminalMux(self.stdout_fd, self.stderr_fd, panel=mode == "panel")
         env = probe_environment(self.environ, server.address, token, run_dir, probe=options.probe)

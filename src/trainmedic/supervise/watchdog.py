@@ -49,6 +49,7 @@ from trainmedic.record.types import (
     RunEvent,
     StepRecord,
 )
+from trainmedic.resilience.group import RankProgress
 from trainmedic.resilience.silence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerdict
 from trainmedic.supervise.forensics import JobProcess
@@ -160,6 +161,7 @@ class Watchdog:
         self._resume_step: int | None = None
         self._num_workers: int | None = None
         self._pids: set[int] = {leader_pid} if leader_pid else set()
+        self._ranks: dict[int, RankProgress] = {}
         self.gpu_first: dict[int, GpuSample] = {}
         self._phase = TRAIN_PHASE
         self._hb_t: float | None = None
@@ -177,6 +179,10 @@ class Watchdog:
             if not self._active or step.t < self._started_wall - 1.0:
                 return
             self._pids.add(step.pid)
+            if step.rank is not None and step.phase == TRAIN_PHASE:
+                known = self._ranks.get(step.rank)
+                count = known.steps + 1 if known is not None and known.pid == step.pid else 1
+                self._ranks[step.rank] = RankProgress(step.rank, step.pid, count, step.t)
             if step.phase == TRAIN_PHASE and (
                 self.lead_pid is None or (self._lead_rank not in (None, 0) and step.rank == 0)
             ):
@@ -380,6 +386,11 @@ class Watchdog:
             lead = self.lead_pid if self.lead_pid is not None else self._focus_pid(procs)
             out.sort(key=lambda p: (p.pid != lead, p.role == "worker", p.pid))
             return out
+
+    def rank_progress(self) -> dict[int, RankProgress]:
+        """Each rank's train steps in this attempt and when its last one ended."""
+        with self._lock:
+            return dict(self._ranks)
 
     def focus_pid(self) -> int | None:
         with self._lock:
