@@ -117,6 +117,29 @@ def test_slow_data_names_the_rank_and_the_others_wait() -> None:
     assert "Rank 2" in f.title and "3 ranks wait" in f.title
 
 
+def test_a_data_straggler_replaces_the_pooled_input_finding() -> None:
+    # Rank 1 waits 60 ms a step for its data, rank 0 about none: pooled, the job
+    # "waits for data" ~half the step, which names no rank and no fix for rank 0.
+    record = ddp_record(
+        wait=lambda r, k, rng: (0.060 if r == 1 else 0.0005) + rng.uniform(0, 0.002),
+        activity={1: {"transform": 90}},
+    )
+    ids = set(by_id(record))
+    assert "distributed.straggler.data" in ids
+    assert not any(i.startswith("input.") for i in ids)
+
+
+def test_every_rank_waiting_for_data_keeps_the_input_finding() -> None:
+    # No straggler: all ranks wait alike, and the job-wide input finding stands.
+    record = ddp_record(
+        wait=lambda r, k, rng: 0.060 + rng.uniform(0, 0.002),
+        activity={0: {"transform": 90}, 1: {"transform": 90}},
+    )
+    ids = set(by_id(record))
+    assert "distributed.straggler.data" not in ids
+    assert any(i.startswith("input.") for i in ids)
+
+
 @pytest.mark.parametrize(
     ("state", "category"), [("socket_wait", "network"), ("transform", "cpu")]
 )

@@ -67,8 +67,25 @@ def diagnose_run(
     findings: list[Finding] = []
     for rule in rules:
         findings.extend(rule(view, thresholds))
+    findings = _without_superseded(findings)
     findings.extend(overall(view, thresholds, findings))
     return rank_findings(findings)
+
+
+STRAGGLER_DATA = "distributed.straggler.data"
+
+
+def _without_superseded(findings: list[Finding]) -> list[Finding]:
+    """Drop pooled findings that a precise one explains.
+
+    In a distributed run whose data wait is one rank's (a data straggler), the
+    input rule, which pools every rank's steps, would report the job waiting for
+    data at the average of one slow rank and fast ones, naming no rank; the
+    straggler finding names the rank, its cause and what it costs the others.
+    """
+    if any(f.id == STRAGGLER_DATA for f in findings):
+        return [f for f in findings if not f.id.startswith("input.")]
+    return findings
 
 
 __all__ = ["DEFAULT_THRESHOLDS", "RULES", "Rule", "RunView", "Thresholds", "diagnose_run"]
