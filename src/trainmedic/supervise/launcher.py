@@ -21,6 +21,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import secrets
 import shutil
 import signal
 import struct
@@ -109,6 +110,10 @@ def _is_bootstrap(entry: str) -> bool:
 
 
 _NOT_THE_JOB: set[int] = set()
+
+JOB_ENV = "TRAINMEDIC_JOB"
+"""Set in the job's environment to a value unique to the job: its processes
+inherit it, so one that re-parents to trainmedic is still known as the job's."""
 
 
 def exclude_from_job(pid: int) -> None:
@@ -206,11 +211,17 @@ def _open_pty(like_fd: int) -> tuple[int, int]:
 class Job:
     """The user's command, running."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], streams: dict[int, OutputStream]) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], streams: dict[int, OutputStream], token: str = ""
+    ) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.streams = streams
-        self.seen: dict[int, float] = {}
+        # Processes ever seen in the leader's tree, and our own children that
+        # are not the job's, each as (pid, start time): a pid alone may be reused.
+        self._members: set[tuple[int, float]] = set()
+        self._strangers: set[tuple[int, float]] = set()
+        self.token = token
 
     @classmethod
     def start(
@@ -235,6 +246,10 @@ class Job:
         if not argv:
             raise CommandNotFoundError("no command given")
         executable = resolve_command(argv[0], env)
+        # Marks the job's processes for good: one that re-parents to trainmedic
+        # is told apart from trainmedic's own helpers by it.
+        token = f"{os.getpid()}-{secrets.token_hex(6)}"
+        env = {**env, JOB_ENV: token}
         streams: dict[int, OutputStream] = {}
         child_ends: dict[int, int] = {}
         try:
@@ -279,7 +294,7 @@ class Job:
             for fd in child_ends.values():
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        return cls(popen, streams)
+        return cls(popen, streams, token)
 
     # --- observing ---------------------------------------------------------------------
 
@@ -299,7 +314,12 @@ class Job:
 
     def descendants(self) -> list[psutil.Process]:
         """Live processes of the job: the leader's tree while it lives, plus
-        processes re-parented to trainmedic (the subreaper) afterwards."""
+        processes re-parented to trainmedic (the subreaper) afterwards.
+
+        A child of trainmedic's counts only when it was seen in the job's tree
+        before or carries the job's mark (:data:`JOB_ENV`): trainmedic's own
+        helpers, or those of a program that embeds it, are never the job's.
+        """
         found: dict[int, psutil.Process] = {}
         with contextlib.suppress(psutil.Error):
             leader = psutil.Process(self.pid)
@@ -307,11 +327,37 @@ class Job:
                 found[leader.pid] = leader
             for p in leader.children(recursive=True):
                 found[p.pid] = p
+        for p in found.values():
+            with contextlib.suppress(psutil.Error):
+                self._members.add((p.pid, p.create_time()))
         with contextlib.suppress(psutil.Error):
-            for p in psutil.Process().children(recursive=True):
-                if p.pid != self.pid and p.pid not in _NOT_THE_JOB:
-                    found.setdefault(p.pid, p)
+            for child in psutil.Process().children():
+                if child.pid == self.pid or child.pid in _NOT_THE_JOB or child.pid in found:
+                    continue
+                if not self._is_member(child):
+                    continue
+                found[child.pid] = child
+                with contextlib.suppress(psutil.Error):
+                    for p in child.children(recursive=True):
+                        found.setdefault(p.pid, p)
         return [p for p in found.values() if _alive(p)]
+
+    def _is_member(self, proc: psutil.Process) -> bool:
+        """Whether a child of trainmedic's that is not the leader belongs to the job."""
+        try:
+            key = (proc.pid, proc.create_time())
+        except psutil.Error:
+            return False
+        if key in self._members:
+            return True
+        if key in self._strangers:
+            return False
+        try:
+            marked = bool(self.token) and proc.environ().get(JOB_ENV) == self.token
+        except psutil.Error:
+            marked = False  # gone, or its environment unreadable: not provably ours
+        (self._members if marked else self._strangers).add(key)
+        return marked
 
     # --- acting ----------------------------------------------------------------------------
 
