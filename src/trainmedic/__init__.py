@@ -10,14 +10,22 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = [
+    "CachedDataset",
     "Checkpointer",
+    "LocalCache",
+    "MicroBatchStep",
+    "ResilientDataset",
+    "ThreadedFetch",
     "__version__",
+    "check_mixed_precision",
+    "find_batch_size",
     "max_num_workers",
     "micro_batch_divisor",
     "micro_batch_plan",
     "phase",
     "remedy",
     "step",
+    "tune_dataloader",
 ]
 
 _LAZY = {
@@ -28,6 +36,15 @@ _LAZY = {
     "micro_batch_plan": "trainmedic.remedy_api",
     "max_num_workers": "trainmedic.remedy_api",
     "remedy": "trainmedic.remedy_api",
+    # Remedies a training script calls (trainmedic.remedies has them all).
+    "MicroBatchStep": "trainmedic.remedies.microbatch",
+    "find_batch_size": "trainmedic.remedies.batch_size",
+    "check_mixed_precision": "trainmedic.remedies.precision",
+    "ResilientDataset": "trainmedic.remedies.resilient",
+    "LocalCache": "trainmedic.remedies.cache",
+    "CachedDataset": "trainmedic.remedies.cache",
+    "ThreadedFetch": "trainmedic.remedies.threaded",
+    "tune_dataloader": "trainmedic.remedies.loader_tune",
 }
 
 

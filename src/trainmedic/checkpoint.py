@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from trainmedic import jsonfile
 from trainmedic.api import phase
 from trainmedic.errors import CheckpointError, UsageError
 
@@ -66,6 +67,8 @@ _NAME_RE = re.compile(r"^ckpt-(?P<seq>\d{6,})-step(?P<step>\d+)\.(?P<kind>pt|jso
 _TMP_PREFIX = ".ckpt-"
 _TMP_SUFFIX = ".tmp"
 _HASH_CHUNK_BYTES = 4 * 1024 * 1024
+MAX_MANIFEST_BYTES = 1024 * 1024
+"""Largest manifest read, bytes (the Checkpointer writes under 1 KiB); larger is corrupt."""
 
 
 class CheckpointWarning(UserWarning):
@@ -513,9 +516,9 @@ def _read_verified(info: CheckpointInfo, map_location: Any) -> dict[str, Any]:
     import torch
 
     try:
-        manifest = json.loads(info.manifest.read_bytes())
+        manifest = jsonfile.read_json(info.manifest, max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, ValueError) as e:
-        raise _Unusable(f"manifest unreadable ({e})") from e
+        raise _Unusable(f"manifest unreadable ({jsonfile.describe(e)})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _Unusable("manifest is not a trainmedic checkpoint manifest")
     expected_size = manifest.get("size_bytes")

@@ -87,6 +87,22 @@ MESSAGES: list[ProbeMessage] = [
     RunEvent(
         t=8.0, kind="probe_error", message="part 'cuda' disabled", pid=10, data={"part": "cuda"}
     ),
+    Heartbeat(
+        pid=10,
+        t=3.5,
+        steps=7,
+        phase="train",
+        activity="other",
+        stack=("train.py:11 main", "train.py:40 <module>"),
+        cpu_s=1.5,
+        work=12,
+        modules=("__main__", "__main__"),
+        calls=("torch", "linalg", "eigh"),
+        op="CALL",
+        samples=4,
+        gil_busy=1,
+        probe_tid=4242,
+    ),
 ]
 
 

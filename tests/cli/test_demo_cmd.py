@@ -45,10 +45,19 @@ def counted(run_dir: Path) -> list[dict[str, Any]]:
     for f in findings(run_dir):
         if f["id"].startswith(TOLERATED):
             ev = f["evidence"]
-            assert ev["others_cpu_cores"] >= ev["others_cpu_limit_cores"] >= 1.0
+            if "train_cpu_wait_share" in ev:  # measured: the training thread waited
+                assert ev["train_cpu_wait_share"] >= 0.02, f
+            else:
+                assert ev["others_cpu_cores"] >= ev["others_cpu_limit_cores"] >= 1.0, f
             continue
         out.append(f)
     return out
+
+
+def busy_machine(finding: dict[str, Any]) -> bool:
+    """Other processes starved the demo's loader: the input cause is contention, rightly."""
+    ev = finding["evidence"]
+    return finding["id"] == "input.contention" and ev["others_cpu_cores"] >= 0.5
 
 
 def losses(stdout: str) -> list[float]:
@@ -85,7 +94,7 @@ def test_a_used_run_directory_is_refused_before_anything_runs(
     (tmp_path / "mine.txt").write_text("keep")
     assert main(["demo", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not an empty directory" in err
+    assert err.count("\n") == 1 and "not empty" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
 
 
@@ -124,7 +133,11 @@ def test_readme_first_command_runs_the_default_demo_and_says_where_the_report_is
     assert report.is_file()
     assert report.parent.parent == tmp_path / "trainmedic-runs"
     assert report.parent.name.endswith("-demo-input-bound")
-    assert counted(report.parent)[0]["id"] == "input.workers"
+    first = counted(report.parent)[0]
+    if busy_machine(first):
+        assert "this machine is too busy to show input.workers" in got.stderr
+        return
+    assert first["id"] == "input.workers"
     assert "trainmedic named the cause, as expected: input.workers" in got.stderr
 
 

@@ -16,9 +16,23 @@ def test_defaults_learn_the_timeout_and_restart_three_times() -> None:
     assert options.max_restarts == 3
     assert options.timeout.fixed_s is None
     assert options.timeout.startup_s == 1800
-    assert options.timeout.floor_s == 120
+    assert options.max_total_restarts is None
+    assert options.timeout.floor_s == 20
+    assert options.timeout.unclear_floor_s == 120
+    assert options.timeout.progress_cap_s == 7200
     assert not options.explicit_timeout
     assert options.resume_args is None
+
+
+def test_the_unclear_bound_follows_a_higher_floor_unless_set() -> None:
+    assert build_resilience(timeout_floor_s=5).timeout.unclear_floor_s == 120
+    assert build_resilience(timeout_floor_s=300).timeout.unclear_floor_s == 300
+    assert build_resilience(timeout_floor_s=5, unclear_timeout_s=30).timeout.unclear_floor_s == 30
+    options = build_resilience(max_total_restarts=7, work_cap_s=60)
+    assert options.max_total_restarts == 7
+    assert options.timeout.progress_cap_s == 60
+    with pytest.raises(UsageError, match="--unclear-timeout"):
+        build_resilience(unclear_timeout_s=-1)
 
 
 def test_the_given_values_land_where_they_act() -> None:

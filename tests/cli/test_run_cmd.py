@@ -281,3 +281,28 @@ def test_streams_going_to_one_file_keep_the_jobs_interleaving(tmp_path: Path) ->
     expected = "".join(f"{i}\n" for i in range(50)).encode()
     assert log.read_bytes().startswith(expected)
     assert (run_dir / "output.log").read_bytes() == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("abc", "the port must be a number"), ("10.255.255.1:9", "not an address of this machine"),
+     ("taken", "already in use")],
+)  # fmt: skip
+def test_a_bad_prometheus_address_is_refused_before_anything_starts(
+    tmp_path: Path, value: str, says: str
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        if value == "taken":
+            value = f"127.0.0.1:{busy.getsockname()[1]}"
+        marker = tmp_path / "ran"
+        out = tmp_path / "run"
+        done = trainmedic("--out", str(out), "--prometheus", value, "--",
+                          sys.executable, "-c", f"open({str(marker)!r}, 'w')")  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and says in lines[0]
+    assert not marker.exists() and not out.exists()

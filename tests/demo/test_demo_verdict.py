@@ -56,11 +56,19 @@ def test_other_peoples_cpu_load_is_skipped_but_mentioned() -> None:
     assert "contention.cpu" in verdict.message
 
 
-def test_input_bound_named_contention_is_not_tolerated() -> None:
-    # Only the machine-level finding is tolerated; a wait blamed on contention
-    # means the scenario did not show what it stands for.
+def test_input_bound_named_contention_needs_measured_load_from_others() -> None:
+    # A wait blamed on contention without others' CPU measured means the scenario did
+    # not show what it stands for.
     crowded = make_finding("input.contention", Category.CONTENTION, Severity.ERROR)
     assert not judge(SCENARIOS["input-bound"], [crowded]).ok
+    # With others' load measured, the machine was too busy to show the scenario, and
+    # trainmedic was right to say so.
+    busy = make_finding(
+        "input.contention", Category.CONTENTION, Severity.ERROR, others_cpu_cores=1.3
+    )
+    verdict = judge(SCENARIOS["input-bound"], [busy])
+    assert verdict.ok and "too busy to show input.workers" in verdict.message
+    assert not judge(SCENARIOS["slow-storage"], [CPU_LOAD]).ok
 
 
 def test_healthy_needs_no_warning_or_error() -> None:

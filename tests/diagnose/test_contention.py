@@ -19,6 +19,7 @@ from .builders import (
     during,
     make_gpu_series,
     make_host_series,
+    make_loader,
     make_machine,
     make_record,
     make_steps,
@@ -128,5 +129,85 @@ def test_input_bound_run_leaves_cpu_contention_to_the_input_rule() -> None:
     record = make_record(
         make_steps(100, 0.1, 0.05),
         host=make_host_series(12, others_cpu_pct=800.0, system_cpu_pct=95.0),
+        loaders=[make_loader(8)],
     )
     assert cpu_contention(RunView.of(record), TH) == []
+
+
+# --- measured: the training thread's run-queue delay ---------------------------------------
+
+
+def measured(wait: float, *, others: float = 150.0, runnable_extra: float = 0.0,
+             **host: float) -> RunRecord:  # fmt: skip
+    """A compute-bound job on 2 cores whose training thread waited ``wait`` of its time."""
+    fields = {
+        "usable_cores": 2.0, "job_cpu_pct": 100.0 * (1.0 - wait) + 50.0,
+        "others_cpu_pct": others, "system_cpu_pct": 95.0, "train_threads": 1,
+        "train_cpu_cores": 1.0 - wait, "train_wait_cores": wait, "train_wait_max_share": wait,
+        "helper_cpu_cores": 0.5, "job_threads": 6, "job_wait_cores": wait + runnable_extra,
+    }  # fmt: skip
+    fields.update(host)
+    return make_record(make_steps(100, 0.1), host=make_host_series(12, **fields))
+
+
+@pytest.mark.parametrize(
+    ("wait", "severity"),
+    [(0.01, None), (0.03, Severity.INFO), (0.08, Severity.WARNING), (0.6, Severity.ERROR)],
+)
+def test_severity_and_impact_follow_the_training_threads_wait(
+    wait: float, severity: Severity | None
+) -> None:
+    found = cpu_contention(RunView.of(measured(wait)), TH)
+    if severity is None:
+        assert found == []
+        return
+    (f,) = found
+    assert f.id == "contention.cpu" and f.severity is severity
+    assert f.impact == pytest.approx(wait)
+    assert f.evidence["train_cpu_wait_share"] == pytest.approx(wait)
+
+
+def test_moderate_load_from_others_is_reported_when_it_costs() -> None:
+    # Others use 0.6 of 2 cores (the old rule wanted a whole core and a full machine).
+    (f,) = cpu_contention(RunView.of(measured(0.12, others=60.0, system_cpu_pct=60.0)), TH)
+    assert f.id == "contention.cpu" and f.severity is Severity.WARNING
+
+
+def test_others_present_but_costing_nothing_is_quiet() -> None:
+    assert cpu_contention(RunView.of(measured(0.0, others=180.0)), TH) == []
+
+
+def test_the_wait_is_attributed_to_its_cause() -> None:
+    steal = measured(0.2, others=10.0, steal_pct=12.0)
+    assert cpu_contention(RunView.of(steal), TH)[0].id == "contention.steal"
+    own = measured(0.2, others=10.0, runnable_extra=1.5)  # 3+ busy threads on 2 cores
+    (f,) = cpu_contention(RunView.of(own), TH)
+    assert f.id == "cpu.oversubscribed" and f.category is Category.CPU
+    assert "torch.set_num_threads(2)" in f.fix
+    host = measured(0.2).host
+    host = [
+        h.__class__(**{**h.__dict__, "cgroup_throttled_s": 0.2 * i}) for i, h in enumerate(host)
+    ]
+    quota = make_record(make_steps(100, 0.1), host=host)
+    (f,) = cpu_contention(RunView.of(quota), TH)
+    assert f.id == "cpu.throttled" and f.evidence["cgroup_throttled_share"] == pytest.approx(0.2)
+
+
+# --- a GPU shared for the whole run -----------------------------------------------------
+
+
+def test_a_foreign_process_on_an_idle_gpu_all_run_is_information() -> None:
+    record = make_record(
+        make_steps(100), gpu=make_gpu_series(12, others=(BOB,), utilization_gpu_pct=20.0)
+    )
+    (f,) = gpu_contention(RunView.of(record), TH)
+    assert f.severity is Severity.INFO and f.impact is None
+
+
+def test_a_job_that_would_wait_on_an_idle_machine_is_oversubscribed_even_among_others() -> None:
+    # 3.4 runnable threads on 2 cores (8 intra-op threads), others busy 1.3 cores: the
+    # job's own excess (1.4 cores) alone makes its thread wait.
+    record = measured(0.4, others=130.0, runnable_extra=1.9)
+    (f,) = cpu_contention(RunView.of(record), TH)
+    assert f.id == "cpu.oversubscribed"
+    assert f.evidence["job_runnable_cores"] > 3.0

@@ -173,3 +173,23 @@ def test_epoch_lengths_round_both_ways_and_split_across_ranks() -> None:
     ranks = make_steps(20, pid=1) + make_steps(20, pid=2)
     two = RunView.of(make_record(ranks, loaders=[replace(loader, pid=1)]))
     assert epoch_lengths(two) == {50, 51}
+
+
+def test_host_side_stall_titles_speak_of_a_gpu_only_when_there_is_one() -> None:
+    steps = with_stalls({100: 3.0, 200: 2.0})
+    (cpu_only,) = run(make_record(steps))  # no GPU readings: a CPU-only run
+    assert "GPU" not in cpu_only.title and "(no data wait)" in cpu_only.title
+    (gpu,) = run(make_record(steps, gpu=make_gpu_series(40, utilization_gpu_pct=60.0)))
+    assert "GPU idle" in gpu.title
+
+
+def test_a_stall_is_contention_only_when_the_thread_waited_through_it() -> None:
+    # Stalls at steps 100 and 200 (3 s, 2 s) while others keep the machine busy.
+    steps = with_stalls({100: 3.0, 200: 2.0})
+    busy = {"others_cpu_pct": 1200.0, "train_threads": 1, "job_threads": 4}
+    slept = make_host_series(40, train_wait_max_share=0.05, **busy)  # a save sleeping on disk
+    (f,) = run(make_record(steps, host=slept))
+    assert f.id == "stall.framework_config"
+    starved = make_host_series(40, train_wait_max_share=0.8, **busy)  # runnable, no CPU
+    (f,) = run(make_record(steps, host=starved))
+    assert f.id == "stall.contention"

@@ -45,6 +45,13 @@ EXPECTED: dict[str, set[tuple[str, str, str | None]]] = {
         ("hardware.ecc.volatile_uncorrectable", "error", "gpu1"),
         ("hardware.remapped_rows_pending", "warning", "gpu1"),
     },
+    "lost-gpu-xid.json": inventory(2)
+    | {
+        ("hardware.gpu_unreachable", "error", "gpu1"),
+        ("hardware.xid.79", "error", "gpu1"),
+        ("hardware.xid.63", "info", "gpu0"),
+    },
+    "mig.json": inventory(1) | {("gpu.mig_mode", "info", "gpu0")},
     "driver-older-than-torch.json": inventory(4)
     | {("driver.cuda_newer_than_driver", "error", "host")},
     "other-tenant.json": inventory(4)

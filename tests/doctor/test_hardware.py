@@ -124,6 +124,6 @@ def test_unreachable_gpu_is_an_error() -> None:
     lost = make_gpu_sample(index=1, unreachable="GPU is lost")
     found = check_unreachable(make_facts(gpus=[make_gpu_sample(), lost]))
     assert [(f.id, f.severity.value, f.subject) for f in found] == [
-        ("hardware_fault.gpu_unreachable", "error", "gpu1")
+        ("hardware.gpu_unreachable", "error", "gpu1")
     ]
     assert check_unreachable(make_facts(gpus=[make_gpu_sample()])) == []

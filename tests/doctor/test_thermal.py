@@ -8,7 +8,6 @@ from builders import finding_keys, make_facts, make_gpu_sample, make_loaded_gpu_
 from trainmedic.doctor.checks.thermal import (
     CHECKS,
     check_clock_events,
-    check_power_cap,
     check_temperature_margin,
 )
 from trainmedic.findings.model import Finding, Severity
@@ -113,7 +112,7 @@ def test_power_cap_under_load_with_low_clock_is_a_warning() -> None:
     gpu = make_loaded_gpu_sample(
         clock_event_reasons=int(R.SW_POWER_CAP), sm_clock_mhz=1485.0, power_draw_w=699.0
     )
-    (finding,) = check_power_cap(make_facts(gpus=[gpu]))
+    (finding,) = check_clock_events(make_facts(gpus=[gpu]))
     assert (finding.id, finding.severity) == ("thermal.clock_event.sw_power_cap", Severity.WARNING)
     assert finding.evidence["sm_clock_ratio"] == 0.75
     assert finding.impact == pytest.approx(0.25)
@@ -137,7 +136,29 @@ def test_power_cap_stays_quiet_unless_busy_and_well_below_max(
         utilization_gpu_pct=utilization_gpu_pct,
         sm_clock_mhz=sm_clock_mhz,
     )
-    assert check_power_cap(make_facts(gpus=[gpu])) == []
+    assert check_clock_events(make_facts(gpus=[gpu])) == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "key"), [(R.BOARD_LIMIT, "board_limit"), (R.RELIABILITY, "reliability")]
+)
+def test_board_and_reliability_limits_count_like_the_power_cap(reason: R, key: str) -> None:
+    held = make_loaded_gpu_sample(clock_event_reasons=int(reason), sm_clock_mhz=1188.0)
+    (finding,) = check_clock_events(make_facts(gpus=[held]))
+    assert (finding.id, finding.severity) == (f"thermal.clock_event.{key}", Severity.WARNING)
+    assert finding.evidence["sm_clock_ratio"] == 0.6
+    assert finding.evidence["clock_event_reasons"] == [key]
+    near_max = make_loaded_gpu_sample(clock_event_reasons=int(reason), sm_clock_mhz=1900.0)
+    assert check_clock_events(make_facts(gpus=[near_max])) == []
+
+
+def test_a_hard_reason_and_a_limit_give_one_finding_named_by_the_hard_one() -> None:
+    gpu = make_loaded_gpu_sample(
+        clock_event_reasons=int(R.SW_THERMAL_SLOWDOWN | R.SW_POWER_CAP), sm_clock_mhz=1000.0
+    )
+    (finding,) = check_clock_events(make_facts(gpus=[gpu]))
+    assert finding.id == "thermal.clock_event.sw_thermal"
+    assert finding.evidence["active_reasons"] == ["sw_thermal", "sw_power_cap"]
 
 
 def test_findings_are_per_gpu() -> None:

@@ -4,8 +4,10 @@ Every job is an ordinary PyTorch script in ``scripts/`` (none of them knows
 about trainmedic), each slow for one real reason that a CPU reproduces. The
 assertion is always the same: ``findings.json`` names that reason first, with
 its category and the evidence that shows it. A shared machine may add
-``contention.cpu`` for other people's load; it is skipped only after checking
-that its evidence really measured others' CPU.
+``contention.*`` for other people's load; it is skipped only after checking
+that its evidence really measured others' CPU, and a run whose loader others
+starved (``input.contention``) cannot show its own cause: it is skipped.
+The rest of the corpus is ``test_corpus.py``.
 """
 
 from __future__ import annotations
@@ -14,18 +16,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .corpus import BY_NAME, OTHERS_MIN_CORES, judge, run_case, servers
+from .test_corpus import check
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-TOLERATED = "contention.cpu"
 USABLE_CORES = len(os.sched_getaffinity(0))
 
 
@@ -39,12 +39,12 @@ class Diagnosed:
 
     @property
     def counted(self) -> list[dict[str, Any]]:
+        """Findings without other people's CPU load (measured, on a shared machine)."""
         out = []
         for f in self.findings:
-            if f["id"] == TOLERATED:
-                ev = f["evidence"]
-                assert ev["others_cpu_cores"] >= ev["others_cpu_limit_cores"] >= 1.0, f
-                assert ev["system_cpu_pct"] >= ev["system_cpu_busy_pct"], f
+            if f["category"] == "contention" and f["id"] != "input.contention":
+                # stall.contention: stalls while others' CPU was high (measured per stall)
+                assert f["evidence"].get("others_cpu_cores", 1.0) >= OTHERS_MIN_CORES, f
                 continue
             out.append(f)
         return out
@@ -52,7 +52,10 @@ class Diagnosed:
     @property
     def first(self) -> dict[str, Any]:
         assert self.counted, self.findings
-        return self.counted[0]
+        first = self.counted[0]
+        if first["id"] == "input.contention":
+            pytest.skip(f"others starved the loader: {first['title']}")
+        return first
 
 
 def run_job(
@@ -113,77 +116,20 @@ def test_heavy_transform_with_zero_workers_is_named_first(tmp_path: Path) -> Non
     assert ev["num_workers"] == 0
     assert ev["data_wait_share"] >= 0.2
     assert ev["loader_transform_share"] >= 0.9  # the stacks saw the transform, not I/O
-    assert ev["job_cpu_cores"] < 0.85 * ev["usable_cores"]
+    assert ev["spare_cores"] >= 0.5  # a core is left for a worker
+    assert "num_workers=" in run.first["fix"]
+    assert judge(BY_NAME["cpu-transform-w0"], run.findings).result == "match"
 
 
 # --- slow: longer runs ------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_slow_file_reads_in_workers_are_named_io(tmp_path: Path) -> None:
-    run = run_job(tmp_path, "slow_reads.py", str(tmp_path / "data"), "--steps", "40")
-    ev = assert_first(run, "input.io", "io")
-    assert ev["num_workers"] == 2
-    assert ev["loader_file_read_share"] >= 0.4
-
-
-class _SlowSamples(BaseHTTPRequestHandler):
-    latency_s = 0.004
-
-    def do_GET(self) -> None:
-        time.sleep(self.latency_s)  # a server far away
-        body = bytes(1024)  # 256 float32 zeros
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def data_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowSamples)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.mark.slow
-def test_samples_fetched_over_http_are_named_network(tmp_path: Path, data_server: str) -> None:
-    run = run_job(tmp_path, "http_loader.py", data_server, "--steps", "40")
-    ev = assert_first(run, "input.network", "network")
-    assert ev["loader_socket_wait_share"] >= 0.4
-
-
-@pytest.mark.slow
-def test_workers_using_every_core_are_named_cpu(tmp_path: Path) -> None:
-    run = run_job(tmp_path, "saturating_workers.py", "--steps", "60")
-    ev = assert_first(run, "input.cpu", "cpu")
-    assert ev["num_workers"] == USABLE_CORES
-    assert ev["loader_transform_share"] >= 0.9
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(
-    USABLE_CORES <= 2,
-    reason=(
-        "diagnose judges cores idle only at job CPU <= 50 % of the usable cores; on 2 cores a "
-        "single busy core is exactly 50 % and the probe's own threads tip it over, so the "
-        "rule falls back to input.cpu"
-    ),
-    strict=False,
-)
 def test_batches_built_in_the_loop_while_cores_idle_are_named_workers(tmp_path: Path) -> None:
-    run = run_job(tmp_path, "manual_batches.py", "--steps", "150")
-    ev = assert_first(run, "input.workers", "framework_config")
-    assert "num_workers" not in ev  # no DataLoader at all
-    assert ev["data_wait_share"] >= 0.5
+    # On 2 cores a single-threaded loop is half the machine: what counts is the spare core
+    # the job leaves (its useful CPU: torch's spinning helper threads do not count).
+    with servers(tmp_path) as env:
+        check(run_case(BY_NAME["manual-batches"], env))
 
 
 @pytest.mark.slow
@@ -220,33 +166,3 @@ def test_workers_started_anew_each_epoch_are_epoch_start_stalls(tmp_path: Path) 
     ev = assert_first(run, "stall.epoch_start", "framework_config")
     assert ev["stalls"] == 2  # epochs 2 and 3; the first one's start is warm-up
     assert ev["stall_steps"] == [401, 801]
-
-
-@pytest.fixture
-def cpu_burners() -> Iterator[int]:
-    """Other people's work: one busy process per usable core, outside the job, each in a
-    session of its own as other users' are (with autogroup scheduling, one session would
-    get one share of the CPU however many processes it holds)."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        for _ in range(USABLE_CORES)
-    ]
-    try:
-        yield len(procs)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=10)
-
-
-@pytest.mark.slow
-def test_other_processes_taking_the_cores_are_named_contention(
-    tmp_path: Path, cpu_burners: int
-) -> None:
-    run = run_job(tmp_path, "mlp_preloaded.py", "--steps", "150")
-    contention = [f for f in run.findings if f["id"] == "contention.cpu"]
-    assert run.findings[0]["id"] == "contention.cpu", run.findings
-    (finding,) = contention
-    assert finding["severity"] == "warning" and finding["category"] == "contention"
-    assert finding["evidence"]["others_cpu_cores"] >= 1.0
-    assert all(f["severity"] == "info" for f in run.counted)  # nothing else is wrong

@@ -107,3 +107,17 @@ def test_schema_requires_every_finding_key() -> None:
 def test_schema_categories_match_the_enum() -> None:
     schema_categories = findings_schema()["$defs"]["finding"]["properties"]["category"]["enum"]
     assert sorted(schema_categories) == sorted(c.value for c in Category)
+
+
+def test_the_apply_payload_round_trips_and_follows_the_schema() -> None:
+    apply = {"dataloader": {"num_workers": 4, "pin_memory": True}}
+    f = make_finding(apply=apply)
+    d = json.loads(json.dumps(f.to_dict()))
+    assert d["apply"] == apply
+    assert Finding.from_dict(d).apply == apply
+    assert "apply" not in make_finding().to_dict()  # optional: absent when nothing applies
+    doc = FindingsDocument.build("run", [f], created_at=0.0).to_dict()
+    jsonschema.validate(doc, findings_schema())
+    doc["findings"][0]["apply"] = "num_workers=4"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, findings_schema())

@@ -1,8 +1,9 @@
-"""The NVML backend against a small in-memory stand-in for ``pynvml``.
+"""The NVML backend against a stand-in ``pynvml`` answering as real drivers do.
 
-The fake answers the same calls nvidia-ml-py offers, with values chosen so a
-mixed-up constant or unit shows: the slowdown and shutdown thresholds differ,
-power is in milliwatts, the CUDA version is NVML's integer.
+The stand-in (``standin_nvml``) uses nvidia-ml-py's own error classes; its
+values are chosen so a mixed-up constant or unit shows: the slowdown and
+shutdown thresholds differ, power is in milliwatts, the CUDA version is
+NVML's integer, the PCI bus id has NVML's 8-digit domain.
 """
 
 from __future__ import annotations
@@ -10,11 +11,9 @@ from __future__ import annotations
 import getpass
 import os
 import sys
-from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
+from standin_nvml import GIB, NOT_AVAILABLE, build, h100, state
 
 from trainmedic.gpu.backend import NoGpuBackend, sample_all
 from trainmedic.gpu.nvml import NvmlBackend, open_nvml
@@ -23,224 +22,28 @@ from trainmedic.gpu.types import (
     DriverInfo,
     EccCounts,
     GpuProcess,
+    MigDevice,
     PcieLink,
     RemappedRows,
 )
 
-GIB = 1 << 30
-NOT_AVAILABLE = 2**64 - 1
+GHOST_PID = 4_000_000  # a plausible host pid that no process here has
 
 
-class NVMLError(Exception):
-    pass
-
-
-class NVMLError_NotSupported(NVMLError):
-    pass
-
-
-class NVMLError_LibraryNotFound(NVMLError):
-    pass
-
-
-class NVMLError_DriverNotLoaded(NVMLError):
-    pass
-
-
-class NVMLError_NoPermission(NVMLError):
-    pass
-
-
-def make_device(**overrides: Any) -> dict[str, Any]:
-    device: dict[str, Any] = {
-        "name": b"NVIDIA A100-SXM4-80GB",
-        "uuid": "GPU-5f1c",
-        "memory": SimpleNamespace(total=80 * GIB, used=2 * GIB, free=78 * GIB),
-        "utilization": SimpleNamespace(gpu=87, memory=41),
-        "temperature": 71,
-        "thresholds": {1: 88, 0: 93},  # slowdown, shutdown
-        "power_mw": 312_500,
-        "limit_mw": 400_000,
-        "sm_clock": 1275,
-        "sm_clock_max": 1410,
-        "reasons": int(ClockEventReason.SW_POWER_CAP),
-        "throttle_reasons": int(ClockEventReason.HW_SLOWDOWN),
-        "ecc": {(0, 0): 4, (1, 0): 1, (0, 1): 120, (1, 1): 2},  # (type, counter)
-        "pages_pending": 1,
-        "remapped": (3, 1, 1, 0),
-        "pcie": {"gen": 3, "gen_max": 4, "gen_gpu_max": 4, "width": 8, "width_max": 16},
-        "pcie_throughput": {0: 1200, 1: 3400},
-        "processes": [
-            SimpleNamespace(pid=os.getpid(), usedGpuMemory=GIB),
-            SimpleNamespace(pid=2**22 + 12345, usedGpuMemory=NOT_AVAILABLE),
-        ],
-        "persistence": 1,
-        "cc": (8, 0),
-    }
-    device.update(overrides)
-    return device
-
-
-class FakeNvml:
-    """The subset of ``pynvml`` the backend uses; names in ``unsupported`` raise."""
-
-    NVMLError = NVMLError
-    NVMLError_NotSupported = NVMLError_NotSupported
-    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
-    NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
-    NVMLError_NoPermission = NVMLError_NoPermission
-    NVML_TEMPERATURE_GPU = 0
-    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
-    NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
-    NVML_CLOCK_SM = 1
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
-    NVML_VOLATILE_ECC = 0
-    NVML_AGGREGATE_ECC = 1
-    NVML_PCIE_UTIL_TX_BYTES = 0
-    NVML_PCIE_UTIL_RX_BYTES = 1
-
-    def __init__(
-        self,
-        devices: list[dict[str, Any]],
-        unsupported: set[str] | None = None,
-        init_error: Exception | None = None,
-    ) -> None:
-        self.devices = devices
-        self.unsupported = unsupported or set()
-        self.init_error = init_error
-        self.calls: list[str] = []
-
-    def __getattribute__(self, name: str) -> Any:
-        value = object.__getattribute__(self, name)
-        if name.startswith("nvml") and callable(value):
-            unsupported = object.__getattribute__(self, "unsupported")
-            calls = object.__getattribute__(self, "calls")
-
-            def call(*args: Any, _fn: Callable[..., Any] = value) -> Any:
-                calls.append(name)
-                if name in unsupported:
-                    raise NVMLError_NotSupported(name)
-                return _fn(*args)
-
-            return call
-        return value
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error
-
-    def nvmlShutdown(self) -> None:
-        return None
-
-    def nvmlSystemGetDriverVersion(self) -> str:
-        return "550.54.15"
-
-    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        return 12040
-
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        return 12020
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
-        return self.devices[index]
-
-    def nvmlDeviceGetName(self, h: dict[str, Any]) -> Any:
-        return h["name"]
-
-    def nvmlDeviceGetUUID(self, h: dict[str, Any]) -> Any:
-        return h["uuid"]
-
-    def nvmlDeviceGetMemoryInfo(self, h: dict[str, Any]) -> Any:
-        return h["memory"]
-
-    def nvmlDeviceGetUtilizationRates(self, h: dict[str, Any]) -> Any:
-        return h["utilization"]
-
-    def nvmlDeviceGetTemperature(self, h: dict[str, Any], sensor: int) -> int:
-        assert sensor == self.NVML_TEMPERATURE_GPU
-        return int(h["temperature"])
-
-    def nvmlDeviceGetTemperatureThreshold(self, h: dict[str, Any], kind: int) -> int:
-        return int(h["thresholds"][kind])
-
-    def nvmlDeviceGetPowerUsage(self, h: dict[str, Any]) -> int:
-        return int(h["power_mw"])
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: dict[str, Any]) -> int:
-        return int(h["limit_mw"])
-
-    def nvmlDeviceGetClockInfo(self, h: dict[str, Any], clock: int) -> int:
-        assert clock == self.NVML_CLOCK_SM
-        return int(h["sm_clock"])
-
-    def nvmlDeviceGetMaxClockInfo(self, h: dict[str, Any], clock: int) -> int:
-        assert clock == self.NVML_CLOCK_SM
-        return int(h["sm_clock_max"])
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: dict[str, Any]) -> int:
-        return int(h["reasons"])
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: dict[str, Any]) -> int:
-        return int(h["throttle_reasons"])
-
-    def nvmlDeviceGetTotalEccErrors(self, h: dict[str, Any], error_type: int, counter: int) -> int:
-        return int(h["ecc"][(error_type, counter)])
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: dict[str, Any]) -> int:
-        return int(h["pages_pending"])
-
-    def nvmlDeviceGetRemappedRows(self, h: dict[str, Any]) -> tuple[int, ...]:
-        return tuple(h["remapped"])
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: dict[str, Any]) -> int:
-        return int(h["pcie"]["gen"])
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: dict[str, Any]) -> int:
-        return int(h["pcie"]["gen_max"])
-
-    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h: dict[str, Any]) -> int:
-        return int(h["pcie"]["gen_gpu_max"])
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h: dict[str, Any]) -> int:
-        return int(h["pcie"]["width"])
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h: dict[str, Any]) -> int:
-        return int(h["pcie"]["width_max"])
-
-    def nvmlDeviceGetPcieThroughput(self, h: dict[str, Any], counter: int) -> int:
-        return int(h["pcie_throughput"][counter])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h: dict[str, Any]) -> list[Any]:
-        return list(h["processes"])
-
-    def nvmlDeviceGetPersistenceMode(self, h: dict[str, Any]) -> int:
-        return int(h["persistence"])
-
-    def nvmlDeviceGetCudaComputeCapability(self, h: dict[str, Any]) -> tuple[int, int]:
-        return (int(h["cc"][0]), int(h["cc"][1]))
-
-
-ALL_DEVICE_QUERIES = {
-    name
-    for name in dir(FakeNvml)
-    if name.startswith("nvmlDevice")
-    and name not in ("nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex")
-}
+def backend_for(*devices: dict, **driver: object) -> NvmlBackend:
+    return NvmlBackend(build(state(*devices, **driver)))
 
 
 def test_every_reading_is_converted_to_sample_units() -> None:
-    backend = NvmlBackend(FakeNvml([make_device()]))
+    backend = backend_for(h100())
     assert backend.kind == "nvml"
     assert backend.absent_reason is None
     assert backend.device_count() == 1
     s = backend.sample(0)
     assert s.index == 0
-    assert s.name == "NVIDIA A100-SXM4-80GB"  # bytes decoded
-    assert s.uuid == "GPU-5f1c"
+    assert s.name == "NVIDIA H100 80GB HBM3"
+    assert s.uuid == "GPU-5f1c2d3e-0000-1111-2222-333344445555"
+    assert s.pci_bus_id == "0000:3b:00.0"  # NVML's 00000000:3B:00.0, normalised
     assert (s.memory_total_bytes, s.memory_used_bytes) == (80 * GIB, 2 * GIB)
     assert (s.utilization_gpu_pct, s.utilization_memory_pct) == (87.0, 41.0)
     assert (s.temperature_c, s.temperature_slowdown_c, s.temperature_shutdown_c) == (
@@ -248,8 +51,8 @@ def test_every_reading_is_converted_to_sample_units() -> None:
         88.0,
         93.0,
     )
-    assert (s.power_draw_w, s.power_limit_w) == (312.5, 400.0)
-    assert (s.sm_clock_mhz, s.sm_clock_max_mhz) == (1275.0, 1410.0)
+    assert (s.power_draw_w, s.power_limit_w) == (312.5, 700.0)
+    assert (s.sm_clock_mhz, s.sm_clock_max_mhz) == (1275.0, 1980.0)
     assert s.reasons == ClockEventReason.SW_POWER_CAP
     assert s.ecc == EccCounts(
         volatile_corrected=4,
@@ -257,30 +60,36 @@ def test_every_reading_is_converted_to_sample_units() -> None:
         aggregate_corrected=120,
         aggregate_uncorrected=2,
     )
-    assert s.retired_pages_pending is True
+    assert s.retired_pages_pending is False
     assert s.remapped_rows == RemappedRows(
         correctable=3, uncorrectable=1, pending=True, failure=False
     )
-    assert s.pcie == PcieLink(3, 4, 4, 8, 16, 1200, 3400)
+    assert s.pcie == PcieLink(5, 5, 5, 16, 16, 1200, 3400)
     assert s.persistence_mode is True
-    assert s.compute_capability == (8, 0)
+    assert s.compute_capability == (9, 0)
+    assert s.mig_mode is None  # the stand-in GPU has no MIG: NotSupported
+    assert s.processes_unreadable is None and s.known_processes == ()
+    assert s.unreachable is None
 
 
 def test_processes_resolve_owner_and_hidden_memory() -> None:
-    s = NvmlBackend(FakeNvml([make_device()])).sample(0)
+    gpu = h100(processes=[[os.getpid(), GIB], [GHOST_PID, NOT_AVAILABLE]])
+    s = backend_for(gpu).sample(0)
     mine, ghost = s.processes
     assert mine == GpuProcess(
         pid=os.getpid(), used_memory_bytes=GIB, user=getpass.getuser(), name=mine.name
     )
     assert mine.name  # this test's own interpreter
     # A pid this namespace cannot see, with memory NVML hides.
-    assert ghost == GpuProcess(pid=2**22 + 12345, used_memory_bytes=None, user=None, name=None)
+    assert ghost == GpuProcess(pid=GHOST_PID, used_memory_bytes=None, user=None, name=None)
 
 
-def test_not_supported_readings_become_none() -> None:
-    fake = FakeNvml([make_device()], unsupported=ALL_DEVICE_QUERIES)
-    s = NvmlBackend(fake).sample(0)
-    assert s.name == "GPU 0" and s.uuid == "GPU-0"
+def test_not_supported_readings_become_none_and_no_identity_is_made_up() -> None:
+    names = [n for n in dir(build(state(h100()))) if n.startswith("nvmlDeviceGet")]
+    gpu = h100(errors={n: "NotSupported" for n in names if n != "nvmlDeviceGetHandleByIndex"})
+    s = backend_for(gpu).sample(0)
+    assert s.name == "GPU 0"
+    assert s.uuid is None and s.pci_bus_id is None  # never "GPU-0"
     assert s.memory_total_bytes is None and s.memory_free_bytes is None
     assert s.utilization_gpu_pct is None
     assert s.temperature_c is None and s.temperature_slowdown_c is None
@@ -290,47 +99,49 @@ def test_not_supported_readings_become_none() -> None:
     assert s.retired_pages_pending is None
     assert s.remapped_rows == RemappedRows()
     assert s.pcie == PcieLink()
-    assert s.processes == ()
+    assert s.processes == () and s.processes_unreadable is not None
+    assert s.known_processes is None  # unknown, not "no processes"
     assert s.persistence_mode is None and s.compute_capability is None
+    assert s.unreachable is None  # unsupported readings are not a lost GPU
 
 
 def test_older_driver_falls_back_to_throttle_reasons() -> None:
-    fake = FakeNvml([make_device()], unsupported={"nvmlDeviceGetCurrentClocksEventReasons"})
-    assert NvmlBackend(fake).sample(0).reasons == ClockEventReason.HW_SLOWDOWN
+    gpu = h100(errors={"nvmlDeviceGetCurrentClocksEventReasons": "FunctionNotFound"})
+    assert backend_for(gpu).sample(0).reasons == ClockEventReason.HW_SLOWDOWN
 
 
 def test_driver_versions() -> None:
-    assert NvmlBackend(FakeNvml([])).driver() == DriverInfo("550.54.15", (12, 4))
-    old = FakeNvml([], unsupported={"nvmlSystemGetCudaDriverVersion_v2"})
-    assert NvmlBackend(old).driver() == DriverInfo("550.54.15", (12, 2))
+    assert backend_for(cuda=12040).driver() == DriverInfo("550.54.15", (12, 4))
+    assert backend_for(version="535.98", cuda=12020).driver() == DriverInfo("535.98", (12, 2))
 
 
 def test_sample_all_reads_every_gpu_and_close_shuts_down_once() -> None:
-    fake = FakeNvml([make_device(), make_device(uuid="GPU-second", cc=(9, 0))])
-    backend = NvmlBackend(fake)
+    second = h100(uuid="GPU-second", pci_bus_id="00000000:5E:00.0", cc=[8, 0])
+    nvml = build(state(h100(), second))
+    backend = NvmlBackend(nvml)
     samples = sample_all(backend)
-    assert [(s.index, s.uuid, s.compute_capability) for s in samples] == [
-        (0, "GPU-5f1c", (8, 0)),
-        (1, "GPU-second", (9, 0)),
+    assert [(s.index, s.uuid, s.pci_bus_id, s.compute_capability) for s in samples] == [
+        (0, "GPU-5f1c2d3e-0000-1111-2222-333344445555", "0000:3b:00.0", (9, 0)),
+        (1, "GPU-second", "0000:5e:00.0", (8, 0)),
     ]
     backend.close()
     backend.close()
-    assert fake.calls.count("nvmlShutdown") == 1
+    assert nvml.calls.count("nvmlShutdown") == 1
 
 
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (NVMLError_LibraryNotFound(), "no NVIDIA driver: libnvidia-ml.so was not found"),
-        (NVMLError_DriverNotLoaded(), "the NVIDIA kernel driver is not loaded"),
-        (NVMLError_NoPermission(), "no permission to talk to the NVIDIA driver"),
-        (NVMLError("Unknown Error"), "NVML failed to start: Unknown Error"),
+        ("LibraryNotFound", "no NVIDIA driver: libnvidia-ml.so was not found"),
+        ("DriverNotLoaded", "the NVIDIA kernel driver is not loaded"),
+        ("NoPermission", "no permission to talk to the NVIDIA driver"),
+        ("Unknown", "NVML failed to start: Unknown Error"),
     ],
 )
 def test_open_without_driver_gives_no_gpu_backend(
-    monkeypatch: pytest.MonkeyPatch, error: Exception, reason: str
+    monkeypatch: pytest.MonkeyPatch, error: str, reason: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([make_device()], init_error=error))
+    monkeypatch.setitem(sys.modules, "pynvml", build(state(h100(), init_error=error)))
     backend = open_nvml()
     assert isinstance(backend, NoGpuBackend)
     assert (backend.kind, backend.absent_reason, backend.driver(), backend.device_count()) == (
@@ -342,18 +153,140 @@ def test_open_without_driver_gives_no_gpu_backend(
 
 
 def test_open_with_driver_gives_nvml_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([make_device()]))
+    monkeypatch.setitem(sys.modules, "pynvml", build(state(h100())))
     backend = open_nvml()
     assert backend.kind == "nvml"
     assert backend.device_count() == 1
 
 
-def test_gpu_lost_from_the_bus_is_a_sample_not_a_crash() -> None:
-    class LostGpu(FakeNvml):
-        def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
-            raise NVMLError("GPU is lost")
+# --- the process query on older and broken drivers ----------------------------------------
 
-    backend = NvmlBackend(LostGpu([make_device()]))
-    sample = backend.sample(0)
-    assert sample.unreachable is not None and "lost" in sample.unreachable
-    assert sample.memory_total_bytes is None and sample.temperature_c is None
+
+def test_a_driver_without_the_v3_process_query_falls_back_to_v2() -> None:
+    """nvidia-ml-py raises NVMLLibraryMismatchError, a plain Exception, on R495 and older."""
+    gpu = h100(processes=[[os.getpid(), GIB]])
+    nvml = build(state(gpu, process_query="v2_only"))
+    backend = NvmlBackend(nvml)
+    for _ in range(3):
+        s = backend.sample(0)
+        assert [p.pid for p in s.processes] == [os.getpid()]
+        assert s.processes_unreadable is None
+    # The v3 call failed once; the backend remembers and asks v2 from then on.
+    assert nvml.calls.count("nvmlDeviceGetComputeRunningProcesses") == 1
+    assert nvml.calls.count("nvmlDeviceGetComputeRunningProcesses_v2") == 3
+
+
+def test_impossible_pids_from_the_v3_query_switch_to_v2() -> None:
+    """The 535.98 driver fills v2 structures for the v3 call: pids come back garbled."""
+    gpu = h100(processes=[[os.getpid(), GIB], [GHOST_PID, 3 * GIB]])
+    s = backend_for(gpu, process_query="v3_garbled").sample(0)
+    assert [(p.pid, p.used_memory_bytes) for p in s.processes] == [
+        (os.getpid(), GIB),
+        (GHOST_PID, 3 * GIB),
+    ]
+
+
+def test_no_permission_for_processes_is_unknown_not_none() -> None:
+    gpu = h100(errors={"nvmlDeviceGetComputeRunningProcesses": "NoPermission"})
+    s = backend_for(gpu).sample(0)
+    assert s.known_processes is None
+    assert s.processes_unreadable is not None and "Permission" in s.processes_unreadable
+    assert s.memory_used_bytes == 2 * GIB  # the rest of the reading is intact
+
+
+# --- a GPU lost from the bus ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error", ["GpuIsLost", "ResetRequired", "Unknown"])
+def test_a_lost_gpu_is_unreachable_and_keeps_only_identities_read_before(error: str) -> None:
+    nvml = build(state(h100(), h100(uuid="GPU-other", pci_bus_id="00000000:5E:00.0")))
+    backend = NvmlBackend(nvml)
+    before = backend.sample(0)
+    nvml.state["devices"][0]["lost"] = error
+    handles_before = nvml.calls.count("nvmlDeviceGetHandleByIndex")
+    lost = backend.sample(0)
+    assert lost.unreachable is not None and error in lost.unreachable
+    assert (lost.name, lost.uuid, lost.pci_bus_id) == (before.name, before.uuid, before.pci_bus_id)
+    assert lost.memory_total_bytes is None and lost.temperature_c is None
+    assert lost.processes == () and lost.mig_devices == ()
+    # The other GPU still reads.
+    assert backend.sample(1).unreachable is None
+    # The stale handle was dropped: the next reading asks for a new one, and a
+    # GPU back after a reset reads again.
+    del nvml.state["devices"][0]["lost"]
+    again = backend.sample(0)
+    assert nvml.calls.count("nvmlDeviceGetHandleByIndex") > handles_before + 1
+    assert again.unreachable is None and again.memory_total_bytes == 80 * GIB
+
+
+def test_a_gpu_lost_before_it_was_ever_read_has_no_invented_uuid() -> None:
+    nvml = build(state(h100(lost="GpuIsLost", lost_at_handle=True)))
+    s = NvmlBackend(nvml).sample(0)
+    assert s.unreachable is not None and "GpuIsLost" in s.unreachable
+    assert s.uuid is None and s.pci_bus_id is None
+    assert s.name == "GPU 0"
+
+
+def test_a_gpu_lost_mid_reading_stops_asking_it() -> None:
+    nvml = build(state(h100(lost="GpuIsLost")))
+    s = NvmlBackend(nvml).sample(0)
+    assert s.unreachable is not None
+    # Each query of a lost GPU can block in the driver: the first answer ends the reading.
+    device_calls = [c for c in nvml.calls if c.startswith("nvmlDevice")]
+    assert device_calls == ["nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName"]
+
+
+# --- MIG --------------------------------------------------------------------------------------
+
+
+def mig_gpu(**mig: object) -> dict:
+    instances = [
+        {
+            "uuid": "MIG-aaaa",
+            "gi": 1,
+            "ci": 0,
+            "memory_total": 40 * GIB,
+            "memory_used": 10 * GIB,
+            "processes": [[os.getpid(), 9 * GIB]],
+        },
+        {
+            "uuid": "MIG-bbbb",
+            "gi": 2,
+            "ci": 0,
+            "memory_total": 40 * GIB,
+            "memory_used": 20 * GIB,
+            "processes": [[GHOST_PID, None]],
+        },
+    ]
+    return h100(mig={"mode": 1, "devices": instances, **mig})
+
+
+def test_mig_instances_are_read_and_their_processes_joined() -> None:
+    s = backend_for(mig_gpu()).sample(0)
+    assert s.mig_mode is True
+    assert s.mig_devices == (
+        MigDevice("MIG-aaaa", 1, 0, 40 * GIB, 10 * GIB),
+        MigDevice("MIG-bbbb", 2, 0, 40 * GIB, 20 * GIB),
+    )
+    # The whole GPU's list needs privileges; the instances' lists do not.
+    assert {p.pid for p in s.processes} == {os.getpid(), GHOST_PID}
+    assert s.processes_unreadable is None
+    # What MIG hides on the whole GPU.
+    assert s.utilization_gpu_pct is None
+    assert s.remapped_rows == RemappedRows()
+
+
+def test_mig_instances_that_cannot_be_listed_leave_processes_unknown() -> None:
+    gpu = mig_gpu()
+    gpu["errors"] = {"nvmlDeviceGetMigDeviceHandleByIndex": "NoPermission"}
+    s = backend_for(gpu).sample(0)
+    assert s.mig_mode is True and s.mig_devices == ()
+    assert s.known_processes is None
+    assert s.processes_unreadable is not None and "MIG" in s.processes_unreadable
+
+
+def test_mig_capable_gpu_with_mig_off() -> None:
+    s = backend_for(h100(mig={"mode": 0}, processes=[[os.getpid(), GIB]])).sample(0)
+    assert s.mig_mode is False and s.mig_devices == ()
+    assert [p.pid for p in s.processes] == [os.getpid()]
+    assert s.utilization_gpu_pct == 87.0

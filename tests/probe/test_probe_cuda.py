@@ -1,10 +1,12 @@
-"""The probe's CUDA parts on a real GPU: GPU time from events, allocator statistics, autocast.
+"""The probe's CUDA parts on a real GPU: GPU time from events, allocator statistics,
+autocast, whole-step CUDA graph capture, fp16 GradScaler, a second device.
 
 Run by scripts/gpu-check (``-m gpu``); skipped elsewhere.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,15 @@ PREP_S = 0.02  # cuda_loop.py's host-side batch preparation in "prep" mode
 def cuda_loop(tmp_path: Path, *args: object) -> ProbedRun:
     run = run_probed(
         [sys.executable, str(SCRIPTS / "cuda_loop.py"), *(str(a) for a in args)], tmp_path
+    )
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert [e for e in run.events if e.kind == "probe_error"] == []
+    return run
+
+
+def cuda_loop_script(tmp_path: Path, name: str, *args: object) -> ProbedRun:
+    run = run_probed(
+        [sys.executable, str(SCRIPTS / name), *(str(a) for a in args)], tmp_path, timeout=300
     )
     assert run.proc.returncode == 0, run.proc.stderr
     assert [e for e in run.events if e.kind == "probe_error"] == []
@@ -63,3 +74,46 @@ def test_a_sync_on_a_busy_gpu_is_not_data_wait(tmp_path: Path) -> None:
     # loss.item() keeps the host waiting while the GPU works: not waiting for data.
     assert sum(s.data_wait_s for s in later) / total < 0.2
     assert sum(s.gpu_time_s or 0.0 for s in later) / total > 0.6
+
+
+def test_a_whole_step_graph_capture_is_left_intact_and_replays_are_steps(tmp_path: Path) -> None:
+    """The probe must not break ``torch.cuda.graph`` capture of ``optimizer.step()``."""
+    argv = [sys.executable, str(SCRIPTS / "cuda_graph_step.py"), 40]
+    plain = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    run = cuda_loop_script(tmp_path, "cuda_graph_step.py", 40)
+    # An invalidated capture raises in the job; a probe that broke it fails here.
+    assert run.proc.stdout.splitlines()[-1] == "replays 40"
+    losses = [float(line.split()[1]) for line in run.proc.stdout.splitlines()[:-1]]
+    expected = [float(line.split()[1]) for line in plain.stdout.splitlines()[:-1]]
+    assert losses == pytest.approx(expected, rel=1e-4)  # the graph computes the same
+    train = [s for s in run.steps if s.phase == "train"]
+    # 3 warm-up steps, the captured step, then one step per replay.
+    assert len(train) == 3 + 1 + 40
+    replays = train[4:]
+    timed = [s for s in replays if s.gpu_time_s is not None]
+    assert len(timed) >= 35
+    assert all(0 < s.gpu_time_s <= s.duration_s * 1.5 for s in timed)  # type: ignore[operator]
+
+
+def test_fp16_grad_scaler_gives_one_step_per_iteration(tmp_path: Path) -> None:
+    run = cuda_loop_script(tmp_path, "amp_skips.py", 30, 3, "cuda")
+    assert "skipped 10" in run.proc.stdout
+    train = [s for s in run.steps if s.phase == "train"]
+    assert [s.step for s in train] == list(range(1, 31))
+    assert {s.autocast for s in train} == {True}
+    (final,) = [e for e in run.events if e.kind == "grad_scaler" and e.data["final"]]
+    assert (final.data["skipped"], final.data["scaler_steps"]) == (10, 30)
+    assert len([s for s in train if s.gpu_time_s is not None]) >= 27
+
+
+def test_steps_on_another_device_are_timed_on_that_device(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: the job must compute on one that is not the current device")
+    run = cuda_loop_script(tmp_path, "cuda_other_device.py", 60)
+    later = run.steps[5:]
+    total = sum(s.duration_s for s in later)
+    # GPU-bound: timed on device 0's idle stream it would read about 0.
+    assert sum(s.gpu_time_s or 0.0 for s in later) / total > 0.5

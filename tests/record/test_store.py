@@ -119,6 +119,17 @@ def make_host(t: float, **kw: object) -> HostSample:
         swap_used_bytes=0,
         others_cpu_pct=12.5,
         cgroup_throttled_s=0.5,
+        steal_pct=0.4,
+        train_threads=8,
+        train_cpu_cores=7.912,
+        train_wait_cores=0.123,
+        train_wait_max_share=0.031,
+        helper_cpu_cores=3.333,
+        helper_wait_cores=0.245,
+        loader_cpu_cores=11.875,
+        loader_wait_cores=1.234,
+        job_wait_cores=1.602,
+        job_threads=412,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 

@@ -123,14 +123,16 @@ def test_cuda_oom_parses_the_current_message() -> None:
     assert c.category is Category.GPU_MEMORY
     assert c.confidence == "high"
     assert c.details["requested_bytes"] == 2 * 2**30
-    assert c.details["gpu_index"] == 0
+    assert c.details["cuda_device"] == 0
     assert c.details["free_bytes"] == int(1.38 * 2**30)
     assert c.details["total_bytes"] == int(79.15 * 2**30)
     assert c.details["reserved_unallocated_bytes"] == int(1.06 * 2**30)
     assert c.details["allocated_bytes"] == int(75.20 * 2**30)
     # The innermost frame in the user's code, not in torch.
     assert c.location == "/home/user/model.py:41 in forward"
-    assert "2.00 GiB on GPU 0 with 1.38 GiB free of 79.15 GiB" in c.why
+    # Without the machine's GPUs, torch's "GPU 0" stays the process's CUDA device.
+    assert "2.00 GiB on CUDA device 0 with 1.38 GiB free of 79.15 GiB" in c.why
+    assert c.gpu is None
     assert c.evidence_lines[0].startswith("torch.OutOfMemoryError: CUDA out of memory")
 
 
@@ -138,9 +140,9 @@ def test_cuda_oom_parses_the_pre_2_1_message() -> None:
     c = classify_failure(make_evidence(1, OOM_OLD))
     assert c.failure_class is FailureClass.CUDA_OOM
     assert c.details["requested_bytes"] == 20 * 2**20
-    assert c.details["gpu_index"] == 1
+    assert c.details["cuda_device"] == 1
     assert c.details["reserved_bytes"] == int(14.38 * 2**30)
-    assert c.gpu == GpuRef(index=1)
+    assert c.gpu is None and "gpu_index" not in c.details
 
 
 def test_cuda_oom_from_the_error_file_is_high_confidence_and_names_the_pid() -> None:
@@ -513,6 +515,37 @@ def test_declared_hang_with_its_location() -> None:
     assert c.failure_class is FailureClass.HANG
     assert c.location == "train.py:50 in step"
     assert "train.py:50" in c.why
+
+
+def test_a_hang_on_a_stalled_source_points_outside_the_job() -> None:
+    c = classify_failure(
+        make_evidence(
+            -15,
+            "",
+            hang_declared=True,
+            hang_silence="source_wait",
+            hang_source="network: socket 10.0.0.5:9000",
+            hang_evidence="worker 42 waits in a network read with nothing arriving",
+        )
+    )
+    assert c.failure_class is FailureClass.HANG
+    assert c.category is Category.NETWORK
+    assert c.details["source"] == "network: socket 10.0.0.5:9000"
+    assert "nothing arriving" in c.why and "10.0.0.5:9000" in c.why
+    finding = classification_to_finding(c, attempt=1)
+    assert "10.0.0.5:9000" in finding.fix and "restart cannot fix" in finding.fix
+    disk = classify_failure(
+        make_evidence(
+            -15,
+            "",
+            hang_declared=True,
+            hang_silence="source_wait",
+            hang_source="filesystem: /mnt/x",
+        )
+    )
+    assert disk.category is Category.IO
+    blocked = classify_failure(make_evidence(-15, "", hang_declared=True, hang_silence="blocked"))
+    assert blocked.category is Category.TIMEOUT and "blocked" in blocked.why
 
 
 def test_dataloader_timeout_is_a_hang_in_data_loading() -> None:

@@ -41,7 +41,7 @@ def test_real_cuda_oom_is_classified_with_its_sizes() -> None:
     c = classify_failure(evidence)
     assert c.failure_class is FailureClass.CUDA_OOM, evidence.stderr_tail[-5:]
     assert c.details["requested_bytes"] == pytest.approx(2**50, rel=0.01)
-    assert c.details["gpu_index"] == 0
+    assert c.details["cuda_device"] == 0
     assert 0 <= c.details["free_bytes"] <= c.details["total_bytes"]
 
 

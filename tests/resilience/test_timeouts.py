@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trainmedic.errors import UsageError
+from trainmedic.resilience.silence import Silence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig
 
 # ---------------------------------------------------------------- builders
@@ -43,13 +44,15 @@ class Timeline:
             jitter = 1.0 if rng is None else rng.uniform(0.8, 1.2)
             self.step(interval_s * jitter)
 
-    def gap(self, duration_s: float, every_s: float | None = None, **progress: Any) -> None:
-        """A step-less period, with a progress sample every ``every_s`` seconds."""
+    def gap(
+        self, duration_s: float, every_s: float | None = None, silence: Silence | None = None
+    ) -> None:
+        """A step-less period, with the silence classified every ``every_s`` seconds."""
         end = self.t + duration_s
-        while every_s is not None and self.t + every_s < end:
+        while every_s is not None and silence is not None and self.t + every_s < end:
             self.t += every_s
             self._check(self.t)
-            self.timeout.observe_progress(self.t, **progress)
+            self.timeout.observe_evidence(self.t, silence)
         self.t = end
 
     def phase(self, name: str) -> None:
@@ -64,13 +67,13 @@ class Timeline:
         raise AssertionError("never hung")
 
 
-MOVING = {"stack_changed": True, "cpu_s": 9.0}
-SPINNING = {"stack_changed": False, "cpu_s": 10.0, "io_bytes": 0}
+MOVING = {"silence": Silence.WORK}
+SPINNING = {"silence": Silence.SPINNING}
 
 
 def p99_bound(intervals: list[float]) -> float:
     ordered = sorted(intervals)
-    return max(120.0, 5.0 * ordered[math.ceil(0.99 * len(ordered)) - 1])
+    return max(20.0, 5.0 * ordered[math.ceil(0.99 * len(ordered)) - 1])
 
 
 # ------------------------------------------------------------- healthy runs
@@ -143,10 +146,75 @@ def test_hang_triggers_at_the_learned_bound() -> None:
     assert tl.timeout.verdict(tl.t + 1.0).hung
 
 
-def test_fast_steps_are_bounded_by_the_floor() -> None:
+def test_fast_steps_are_bounded_by_the_floor_when_the_evidence_is_clear() -> None:
     tl = Timeline()
     tl.steps(500, 0.2)
-    assert tl.timeout.learned_bound_s == 120.0
+    assert tl.timeout.learned_bound_s == 20.0
+    # No evidence about the silence: the conservative bound.
+    assert tl.first_hang_after() == 120.0
+    assert tl.timeout.verdict(tl.t + 1).bound_s == 120.0
+    tl.timeout.observe_evidence(tl.t + 0.5, Silence.BLOCKED)
+    assert tl.first_hang_after(resolution_s=0.25) == 20.0
+    v = tl.timeout.verdict(tl.t + 20.0)
+    assert v.hung and v.silence == "blocked" and v.bound_s == 20.0
+    assert "blocked" in v.reason
+
+
+@pytest.mark.parametrize(
+    "silence", [Silence.BLOCKED, Silence.SPINNING, Silence.PEER_WAIT, Silence.SOURCE_WAIT]
+)
+def test_every_hang_class_gets_the_floor_as_set(silence: Silence) -> None:
+    tl = Timeline(floor_s=5.0)
+    tl.steps(100, 0.05)
+    last_step = tl.t
+    tl.gap(30.0, every_s=0.25, silence=silence)
+    assert tl.hangs and tl.hangs[0] - last_step == pytest.approx(5.0, abs=0.26)
+
+
+def test_work_restarts_the_bound_and_a_hang_follows_the_last_work() -> None:
+    tl = Timeline(floor_s=5.0)
+    tl.steps(100, 0.05)
+    last_step = tl.t
+    tl.gap(10.0, every_s=0.25, silence=Silence.WORK)  # a 10 s evaluation, unmarked
+    assert tl.hangs == []
+    last_work = tl.t - 0.25
+    tl.gap(30.0, every_s=0.25, silence=Silence.BLOCKED)
+    assert tl.hangs[0] - last_work == pytest.approx(5.0, abs=0.3)
+    v = tl.timeout.verdict(tl.hangs[0])
+    assert v.extended and v.quiet_s == pytest.approx(5.0, abs=0.3)
+    assert v.silent_s == pytest.approx(tl.hangs[0] - last_step)
+
+
+def test_unclear_evidence_keeps_the_conservative_bound_and_resets_the_clear_one() -> None:
+    tl = Timeline(floor_s=5.0)
+    tl.steps(100, 0.05)
+    last_step = tl.t
+    tl.gap(60.0, every_s=0.25, silence=Silence.UNCLEAR)
+    assert tl.hangs == []
+    last_unclear = tl.t - 0.25
+    # Clear evidence at last: the floor counts from the last unclear window.
+    tl.gap(30.0, every_s=0.25, silence=Silence.SPINNING)
+    assert tl.hangs[0] - last_unclear == pytest.approx(5.0, abs=0.3)
+    # Unclear all along: the conservative bound from the last step.
+    tl2 = Timeline(floor_s=5.0)
+    tl2.steps(100, 0.05)
+    last_step = tl2.t
+    tl2.gap(200.0, every_s=0.25, silence=Silence.UNCLEAR)
+    assert tl2.hangs[0] - last_step == pytest.approx(120.0, abs=0.3)
+
+
+def test_a_floor_above_the_conservative_one_raises_both() -> None:
+    tl = Timeline(floor_s=300.0)
+    tl.steps(100, 0.05)
+    assert tl.first_hang_after() == 300.0
+
+
+def test_a_new_step_forgets_the_evidence_of_the_last_silence() -> None:
+    tl = Timeline(floor_s=5.0)
+    tl.steps(100, 0.05)
+    tl.timeout.observe_evidence(tl.t + 0.1, Silence.BLOCKED)
+    tl.steps(1, 1.0)
+    assert tl.timeout.verdict(tl.t + 1).silence is None
     assert tl.first_hang_after() == 120.0
 
 
@@ -166,7 +234,7 @@ def test_slow_warmup_steps_do_not_raise_the_bound() -> None:
         tl.step(compile_s)
     tl.steps(300, 1.0)
     assert tl.hangs == []
-    assert tl.timeout.learned_bound_s == 120.0  # not 5 × 240
+    assert tl.timeout.learned_bound_s == 20.0  # the floor, not 5 × 240
 
 
 def test_fast_warmup_steps_do_not_lower_the_bound_or_turn_steps_into_pauses() -> None:
@@ -219,22 +287,22 @@ def test_spinning_in_place_is_not_progress() -> None:
     last_step = tl.t
     tl.gap(600.0, every_s=5.0, **SPINNING)
     assert tl.hangs
-    assert tl.hangs[0] - last_step == pytest.approx(120.0, abs=5.0)
+    assert tl.hangs[0] - last_step == pytest.approx(20.0, abs=5.1)
 
 
-def test_io_or_cpu_with_an_unknown_stack_count_as_progress() -> None:
-    for progress in ({"io_bytes": 50 * 2**20, "stack_changed": False}, {"cpu_s": 8.0}):
-        tl = Timeline()
-        tl.steps(200, 0.5)
-        tl.gap(1000.0, every_s=10.0, **progress)
-        assert tl.hangs == [], progress
-
-
-def test_idle_process_with_unknown_stack_is_not_progress() -> None:
+def test_work_of_any_kind_keeps_a_silence_alive_until_the_cap() -> None:
     tl = Timeline()
     tl.steps(200, 0.5)
-    tl.gap(300.0, every_s=10.0, cpu_s=0.01)
-    assert tl.hangs
+    tl.gap(1000.0, every_s=10.0, silence=Silence.WORK)
+    assert tl.hangs == []
+
+
+def test_a_blocked_job_is_hung_at_the_floor() -> None:
+    tl = Timeline()
+    tl.steps(200, 0.5)
+    last_step = tl.t
+    tl.gap(300.0, every_s=1.0, silence=Silence.BLOCKED)
+    assert tl.hangs and tl.hangs[0] - last_step == pytest.approx(20.0, abs=1.0)
 
 
 # -------------------------------------------------------------------- pauses
@@ -247,7 +315,7 @@ def test_recurring_pauses_are_learned_and_others_are_not_excused() -> None:
     for block in range(4):
         tl.steps(490 if block == 0 else 500, 1.0)
         if block == 0:
-            tl.gap(200.0, every_s=10.0, io_bytes=100 * 2**20, stack_changed=False)
+            tl.gap(200.0, every_s=10.0, silence=Silence.WORK)
         else:
             tl.gap(200.0)  # no progress evidence at all
     tl.step(1.0)
@@ -273,7 +341,7 @@ def test_time_based_checkpoints_are_predicted_within_tolerance() -> None:
         # A checkpoint every 30 minutes: the step count between them varies by ~1 %.
         tl.steps(1800 + rng.randint(-15, 15), 1.0)
         if block == 0:
-            tl.gap(180.0, every_s=10.0, io_bytes=2**30)
+            tl.gap(180.0, every_s=10.0, silence=Silence.WORK)
         else:
             tl.gap(180.0)
     assert tl.hangs == []

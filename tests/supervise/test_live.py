@@ -185,3 +185,27 @@ def test_the_view_shows_a_panel_or_a_line_through_its_outputs() -> None:
     )
     assert plain.update() is False  # not at a line start: the caller tries again soon
     assert isinstance(shown[1], str) and shown[1].startswith("trainmedic [0:00:10] step 1")
+
+
+def _ddp(agg: LiveAggregate, waits: dict[int, float], n: int = 30) -> None:
+    for k in range(1, n + 1):
+        for rank, wait in waits.items():
+            agg.add_step(make_step(k, pid=100 + rank, rank=rank, wait=wait, duration=0.05))
+
+
+def test_each_rank_is_shown_and_a_straggler_warned_about() -> None:
+    agg = LiveAggregate(100.0)
+    _ddp(agg, {0: 0.001, 1: 0.04, 2: 0.002})
+    status = agg.status(110.0)
+    assert [r.rank for r in status.ranks] == [0, 1, 2]
+    assert status.ranks[1].data_wait_share == pytest.approx(0.8)
+    assert any(w.startswith("rank 1 straggles") for w in status.warnings)
+    assert "r1 50ms wait 80%" in " ".join(render_panel(status, "job", 120, None))
+
+
+def test_balanced_ranks_raise_no_straggler_warning() -> None:
+    agg = LiveAggregate(100.0)
+    _ddp(agg, {0: 0.01, 1: 0.012, 2: 0.011, 3: 0.009})
+    status = agg.status(110.0)
+    assert len(status.ranks) == 4
+    assert not [w for w in status.warnings if "straggles" in w]

@@ -40,12 +40,12 @@ def test_default_run_dir_is_timestamped_and_never_reused(tmp_path: Path) -> None
 
 def test_prepare_creates_a_private_directory(tmp_path: Path) -> None:
     target = tmp_path / "runs" / "a"
-    assert prepare_run_dir(target) is True
+    assert prepare_run_dir(target).created is True
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
 
 
 def test_an_empty_existing_directory_is_used(tmp_path: Path) -> None:
-    assert prepare_run_dir(tmp_path) is False
+    assert prepare_run_dir(tmp_path).created is False
 
 
 def test_a_directory_with_files_is_refused(tmp_path: Path) -> None:

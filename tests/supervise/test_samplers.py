@@ -168,3 +168,31 @@ def test_a_process_started_between_readings_counts_in_full(busy_job: psutil.Proc
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_the_host_reading_carries_the_training_threads_counters_and_the_census(
+    busy_job: psutil.Process,
+) -> None:
+    from trainmedic.host.schedstat import schedstat_available
+    from trainmedic.supervise.census import ProcessCensus
+    from trainmedic.supervise.threads import ROLE_TRAIN, ThreadSampler
+
+    if not schedstat_available():
+        pytest.skip("kernel keeps no scheduler statistics")
+    census = ProcessCensus(started_at=time.time() - 60)
+    sampler = HostSampler(
+        busy_job.pid,
+        lambda s: None,
+        threads=ThreadSampler(lambda: {busy_job.pid: ROLE_TRAIN}),
+        census=census,
+    )
+    sampler.read()
+    _wait_for_cpu(busy_job, 0.3)
+    sample = sampler.read()
+    assert sample is not None
+    assert sample.train_threads == 1 and sample.job_threads == 1
+    assert sample.train_cpu_cores is not None and sample.train_cpu_cores > 0.05
+    assert sample.train_wait_cores is not None and sample.train_wait_cores >= 0.0
+    assert sample.steal_pct is not None and 0.0 <= sample.steal_pct <= 100.0
+    (seen,) = census.seen.values()
+    assert seen.pid == busy_job.pid and seen.python and seen.cpu_s > 0.2

@@ -98,3 +98,52 @@ def test_caught_signals_reads_the_handler_mask() -> None:
     assert caught is not None
     assert signal.SIGINT in caught  # Python's KeyboardInterrupt handler
     assert caught_signals(2**22 + 12345) is None
+
+
+# Run in a process of its own: it becomes a child subreaper, as trainmedic does, and
+# has a helper child of its own that is not the job (a resource tracker, a keeper).
+ADOPTING_SUPERVISOR = """
+import json, os, subprocess, sys, time
+from trainmedic.supervise.launcher import Job, become_subreaper
+from trainmedic.supervise.stop import stop_job
+assert become_subreaper()
+helper = subprocess.Popen(["sleep", "60"])
+orphan_file = sys.argv[1]
+job = Job.start([sys.executable, "-c",
+    "import subprocess, sys; p = subprocess.Popen(['sleep', '60'], start_new_session=True);"
+    "open(sys.argv[1], 'w').write(str(p.pid))", orphan_file], dict(os.environ),
+    stdout_fd=2, stderr_fd=2)
+job.wait(10)  # the leader exits at once: its child is re-parented to us
+deadline = time.monotonic() + 10
+while not os.path.getsize(orphan_file) if os.path.exists(orphan_file) else True:
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+orphan = int(open(orphan_file).read())
+seen = sorted(p.pid for p in job.descendants())
+report = stop_job(job, grace_s=0.2)
+print(json.dumps({"helper": helper.pid, "helper_running": helper.poll() is None,
+                  "orphan": orphan, "seen": seen, "killed": list(report.killed),
+                  "terminated": list(report.terminated)}))
+helper.kill()
+"""
+
+
+def test_only_the_jobs_orphans_are_adopted_not_the_supervisors_own_children(
+    tmp_path: Path,
+) -> None:
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", ADOPTING_SUPERVISOR, str(tmp_path / "orphan")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    got = json.loads(out.stdout)
+    assert got["seen"] == [got["orphan"]]
+    assert got["orphan"] in got["terminated"]
+    assert got["helper"] not in got["killed"] + got["terminated"]
+    assert got["helper_running"]
+    assert not alive(got["orphan"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 SEND_TIMEOUT_S = 5.0
 """How long one send may block before the supervisor is considered gone, seconds."""
 
@@ -75,7 +76,9 @@ class ChannelClient:
             return False
         assert self._sock is not None
         try:
-            self._sock.sendall(data)
+            # MSG_NOSIGNAL: a job that restored SIGPIPE's default (many CLI scripts
+            # do) must not be killed because its supervisor went away.
+            self._sock.sendall(data, _NOSIGNAL)
         except OSError as exc:
             self.failed = f"send: {exc}"
             self.close()

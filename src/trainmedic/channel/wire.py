@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from trainmedic import jsonfile
 from trainmedic.record import codec
 from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
 
@@ -30,6 +31,8 @@ class Hello:
             process) or ``worker`` (a DataLoader worker).
         rank / local_rank: distributed ranks from the environment, when set.
         t: Unix time the probe started in this process, seconds.
+        node: the host's name (``uname -n``), where the process runs.
+        node_rank / world_size: torchrun's ``GROUP_RANK`` and ``WORLD_SIZE``, when set.
     """
 
     pid: int
@@ -41,6 +44,9 @@ class Hello:
     python: str
     executable: str
     t: float
+    node: str | None = None
+    node_rank: int | None = None
+    world_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,14 @@ class Heartbeat:
         cpu_s: CPU time of the process so far, seconds.
         work: outermost forward/backward/optimizer calls and DataLoader batches
             so far: a job running an unmarked evaluation keeps increasing it.
+        modules: each frame's module (``__name__``), parallel to ``stack``.
+        calls: what the innermost frame is calling (``("time", "sleep")``).
+        op: the innermost frame's instruction (``CALL``, ``JUMP_BACKWARD``).
+        samples: samples of the thread the probe took since the last heartbeat.
+        gil_busy: of those, how many waited for running Python code to let go
+            of the interpreter lock.
+        probe_tid: the probe thread's kernel thread id (its own CPU and I/O are
+            not the job's).
     """
 
     pid: int
@@ -89,6 +103,12 @@ class Heartbeat:
     stack: tuple[str, ...]
     cpu_s: float
     work: int = 0
+    modules: tuple[str, ...] = ()
+    calls: tuple[str, ...] = ()
+    op: str = ""
+    samples: int = 0
+    gil_busy: int = 0
+    probe_tid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +221,12 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "stack": list(message.stack),
             "cpu_s": message.cpu_s,
             "work": message.work,
+            "mods": list(message.modules),
+            "calls": list(message.calls),
+            "op": message.op,
+            "n": message.samples,
+            "gil": message.gil_busy,
+            "tid": message.probe_tid,
         }
     elif isinstance(message, Hello):
         obj = {
@@ -215,6 +241,9 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "python": message.python,
             "executable": message.executable,
             "t": message.t,
+            "node": message.node,
+            "node_rank": message.node_rank,
+            "world_size": message.world_size,
         }
     elif isinstance(message, TorchInfo):
         obj = {
@@ -245,7 +274,7 @@ def decode_line(line: bytes) -> tuple[ProbeMessage | StepBatch, str | None]:
     Raises:
         ValueError, KeyError, TypeError: the line is not a valid message.
     """
-    obj = json.loads(line.decode("utf-8"))
+    obj = jsonfile.loads(line)  # bounded nesting: a job cannot crash the channel thread
     if not isinstance(obj, dict):
         raise TypeError("expected a JSON object")
     kind = obj.pop("k")
@@ -287,6 +316,12 @@ def _heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
         stack=tuple(_str(s) for s in _list(obj.get("stack", []))),
         cpu_s=float(obj.get("cpu_s", 0.0)),
         work=_int(obj.get("work", 0)),
+        modules=tuple(_str(s) for s in _list(obj.get("mods", []))),
+        calls=tuple(_str(s) for s in _list(obj.get("calls", []))),
+        op=_str(obj.get("op", "")),
+        samples=_int(obj.get("n", 0)),
+        gil_busy=_int(obj.get("gil", 0)),
+        probe_tid=_opt_int(obj.get("tid")),
     )
 
 
@@ -301,6 +336,9 @@ def _hello(obj: Mapping[str, Any]) -> Hello:
         python=_str(obj.get("python", "")),
         executable=_str(obj.get("executable", "")),
         t=float(obj["t"]),
+        node=None if obj.get("node") is None else _str(obj["node"]),
+        node_rank=_opt_int(obj.get("node_rank")),
+        world_size=_opt_int(obj.get("world_size")),
     )
 
 

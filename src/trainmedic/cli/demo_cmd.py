@@ -11,7 +11,6 @@ scenario's, 1 when it is not (the report says what was found instead).
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import tempfile
@@ -109,10 +108,9 @@ def demo(
 
 def _check_unused(run_dir: Path) -> None:
     """Refuse a run directory ``trainmedic run`` would refuse, before any work."""
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise RunDirectoryError(
-            f"--out {run_dir}: exists and is not an empty directory (choose a new one)"
-        )
+    from trainmedic.supervise.rundir import check_run_dir
+
+    check_run_dir(run_dir)
 
 
 def _list_scenarios() -> None:
@@ -144,13 +142,13 @@ def _write_dataset(s: Scenario, directory: Path, quiet: bool) -> None:
 def _conclude(s: Scenario, run_dir: Path) -> int:
     """Print the verdict and where the report is; 0 when the diagnosis is the scenario's."""
     from trainmedic.demo.verdict import judge
-    from trainmedic.findings.model import FindingsDocument
+    from trainmedic.findings.reading import read_findings_document
 
     path = run_dir / FINDINGS_FILE
     try:
-        document = FindingsDocument.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RunDirectoryError(f"the run was not diagnosed: cannot read {path}: {exc}") from None
+        document = read_findings_document(path)
+    except RunDirectoryError as exc:
+        raise RunDirectoryError(f"the run was not diagnosed: {exc}") from None
     verdict = judge(s, list(document.findings))
     _say(f"\ndemo ({s.name}): {verdict.message}")
     _where(run_dir)

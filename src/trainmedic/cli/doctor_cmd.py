@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option, write_json
+from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
+from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Finding, FindingsDocument
 
@@ -51,6 +51,11 @@ from trainmedic.findings.model import Finding, FindingsDocument
     show_default=True,
     help="Exit 1 when a finding reaches this severity.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing --json FILE that is not a trainmedic findings document.",
+)
 @click.option("--brief", is_flag=True, help="Hide info findings in the terminal report.")
 def doctor(
     simulate: str | None,
@@ -59,6 +64,7 @@ def doctor(
     io_budget: float,
     json_out: str | None,
     fail_on: str,
+    force: bool,
     brief: bool,
 ) -> int:
     """Check this machine: GPUs, driver and torch build, heat, hardware faults,
@@ -74,6 +80,7 @@ def doctor(
         validate_data_dir(data_dir)
     if data_url is not None:
         parse_target(data_url)
+    outputs = check_outputs({"--json": json_out}, force=force)
     request = DoctorRequest(
         simulate=simulate,
         data_dir=data_dir,
@@ -89,8 +96,9 @@ def doctor(
     if json_out == "-":
         sys.stdout.write(json.dumps(document.to_dict(), indent=2) + "\n")
     else:
-        if json_out is not None:
-            write_json(Path(json_out), document.to_dict())
+        if "--json" in outputs:
+            data = json.dumps(document.to_dict(), indent=2) + "\n"
+            write_output(outputs["--json"], lambda f: f.write(data))
         _print_report(facts, list(document.findings), brief)
     return exit_code_for(document.findings, fail_on)
 

@@ -1,13 +1,17 @@
 """The ``trainmedic`` command line.
 
 Each command lives in its own module (``cli/<name>_cmd.py``) and is registered
-here. :func:`main` turns every expected error into one line on stderr and an
-exit code: 2 for usage errors, 1 otherwise; it never prints a traceback for
-bad input.
+here. :func:`main` turns every error into one line on stderr and an exit
+code: 2 for usage errors, 1 otherwise. It never prints a traceback: an error
+no check foresaw (a bug) is one line too, with ``TRAINMEDIC_DEBUG=1`` to see
+its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,6 +19,7 @@ import click
 
 from trainmedic import __version__
 from trainmedic.errors import TrainmedicError
+from trainmedic.ostext import printable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,7 +31,9 @@ def cli() -> None:
     trainmedic doctor            check this machine (GPUs, driver, CPU, memory, disk)
     trainmedic run -- CMD ...    run a training command and diagnose it
     trainmedic report RUN_DIR    show a finished run's report again
+    trainmedic compare A B       did a change make run B faster than run A?
     trainmedic demo              a bundled example run
+    trainmedic tune dataloader M:F  find faster DataLoader settings (tune --help)
     """
 
 
@@ -37,7 +44,7 @@ def _register() -> None:
     # Commands of later parts register themselves here when their module exists.
     import importlib
 
-    for name in ("run_cmd", "report_cmd", "demo_cmd"):
+    for name in ("run_cmd", "report_cmd", "demo_cmd", "tune_cmd", "compare_cmd"):
         try:
             module = importlib.import_module(f"trainmedic.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -53,6 +60,8 @@ _register()
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _open_std_fds()
+    _tolerant_stdio()
     try:
         result = cli.main(args=args, prog_name="trainmedic", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -62,29 +71,104 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = ""
         if exc.ctx is not None:
             hint = f" (see '{exc.ctx.command_path} --help')"
-        click.echo(f"trainmedic: error: {_one_line(exc.format_message())}{hint}", err=True)
+        _error(f"{_usage_message(exc)}{hint}")
         return 2
     except click.exceptions.Abort:
-        click.echo("trainmedic: aborted", err=True)
+        _error("aborted", prefix="trainmedic: ")
         return 130
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"trainmedic: error: {_one_line(exc.format_message())}", err=True)
+        _error(exc.format_message())
         return exc.exit_code
     except TrainmedicError as exc:
-        click.echo(f"trainmedic: error: {_one_line(str(exc))}", err=True)
+        _error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
-        click.echo("trainmedic: interrupted", err=True)
+        _error("interrupted", prefix="trainmedic: ")
         return 130
     except BrokenPipeError:
+        _quiet_stdout()
+        return 1
+    except OSError as exc:
+        # A file the command touched failed in a way no check foresaw.
+        where = f"{printable(os.fsdecode(exc.filename))}: " if exc.filename else ""
+        _error(f"{where}{exc.strerror or exc}")
+        return 1
+    except (RecursionError, MemoryError) as exc:
+        _error(f"input too large or too deeply nested ({type(exc).__name__})")
+        return 1
+    except Exception as exc:
+        # A bug: still one line, with what a bug report needs.
+        if os.environ.get("TRAINMEDIC_DEBUG"):
+            raise
+        _error(
+            f"internal error: {type(exc).__name__}: {exc} "
+            "(run with TRAINMEDIC_DEBUG=1 for the traceback, and please report it)"
+        )
         return 1
     return int(result) if isinstance(result, int) else 0
 
 
+def _error(message: str, prefix: str = "trainmedic: error: ") -> None:
+    """One line on stderr; a closed stderr is not an error of its own."""
+    with contextlib.suppress(OSError):
+        click.echo(f"{prefix}{_one_line(message)}", err=True)
+
+
+def _usage_message(exc: click.UsageError) -> str:
+    """The usage error, with the single likeliest option for an unknown one."""
+    if isinstance(exc, click.exceptions.NoSuchOption):
+        best = difflib.get_close_matches(exc.option_name, exc.possibilities or (), n=1, cutoff=0)
+        hint = f" (did you mean {best[0]}?)" if best else ""
+        return f"no such option {exc.option_name}{hint}"
+    return exc.format_message()
+
+
+def _open_std_fds() -> None:
+    """Open /dev/null on a standard descriptor the caller closed (``>&-``).
+
+    Otherwise the next file trainmedic opens (a record file) would get that
+    number, and what is meant for stdout would be written into the record.
+    """
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            mode = "r" if fd == 0 else "w"
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))  # noqa: SIM115
+
+
+def _tolerant_stdio() -> None:
+    """Undecodable arguments and file names print as ``\\udcff`` instead of raising."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader is gone: send what is left in its buffer nowhere, so the
+    interpreter's final flush cannot fail (and turn the exit status into 120)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def _one_line(message: str) -> str:
-    return " ".join(message.split())
+    return printable(" ".join(message.split()))
 
 
 if __name__ == "__main__":  # pragma: no cover

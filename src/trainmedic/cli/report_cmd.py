@@ -2,8 +2,9 @@
 
 The findings come from the run directory's ``findings.json`` (written by
 ``trainmedic run``); a run without one (killed supervisor, older record) is
-diagnosed again from its record. Outputs go only where the user points: a
-path that would overwrite a file of the run record itself is refused.
+diagnosed again from its record. Outputs go only where the user points, and
+never over a file trainmedic did not write for that purpose (the rules are in
+:mod:`trainmedic.cli.outputs`).
 """
 
 from __future__ import annotations
@@ -11,22 +12,22 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import write_json
-from trainmedic.errors import InputError, RunDirectoryError, UsageError
+from trainmedic.cli.outputs import check_outputs, write_output
+from trainmedic.errors import InputError, RunDirectoryError
 from trainmedic.findings.model import Finding, FindingsDocument
+from trainmedic.ostext import path_problem, printable
 from trainmedic.record.types import RunRecord
 
 FINDINGS_FILE = "findings.json"
 
 
 @click.command("report")
-@click.argument("run_dir", metavar="RUN_DIR")
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True)
 @click.option(
     "--json",
     "json_out",
@@ -43,19 +44,53 @@ FINDINGS_FILE = "findings.json"
     metavar="FILE",
     help="Write a Chrome trace (JSON) for chrome://tracing or ui.perfetto.dev.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing output file outside the run directory that trainmedic did "
+    "not write.",
+)
 @click.option("--brief", is_flag=True, help="Hide info findings in the terminal report.")
 def report(
-    run_dir: str, json_out: str | None, html_out: str | None, trace_out: str | None, brief: bool
+    run_dirs: tuple[str, ...],
+    json_out: str | None,
+    html_out: str | None,
+    trace_out: str | None,
+    force: bool,
+    brief: bool,
 ) -> int:
     """Show the report of the run recorded in RUN_DIR (a directory written by
-    'trainmedic run'), and optionally export it as JSON, HTML or a trace."""
+    'trainmedic run'), and optionally export it as JSON, HTML or a trace.
+
+    Several RUN_DIRs — one per node of a job across nodes — are merged into one
+    report, their clocks aligned on the steps the ranks made in lockstep."""
     from trainmedic.record.store import load_run_record
 
-    directory = Path(run_dir)
+    directories: list[Path] = []
+    for run_dir in run_dirs:
+        if not run_dir:
+            raise InputError("RUN_DIR is empty (give the run directory 'trainmedic run' wrote)")
+        problem = path_problem(run_dir)
+        if problem:
+            raise InputError(f"run directory {printable(run_dir)}: {problem}")
+        directory = Path(run_dir)
+        if any(_same_dir(directory, d) for d in directories):
+            raise InputError(f"run directory {printable(run_dir)} is given twice")
+        directories.append(directory)
     requested = {"--json": json_out, "--html": html_out, "--trace": trace_out}
-    outputs = _check_outputs(directory, requested)
-    record = load_run_record(directory)
-    document = load_or_diagnose(directory, record)
+    outputs = {}
+    for directory in reversed(directories):
+        outputs = check_outputs(requested, run_dir=directory, force=force)
+    records = [load_run_record(d) for d in directories]
+    if len(records) == 1:
+        record = records[0]
+        document = load_or_diagnose(directories[0], record)
+    else:
+        from trainmedic.record.merge import merge_records
+
+        pairs = zip(directories, records, strict=True)
+        record = merge_records([(printable(str(d)), r) for d, r in pairs])
+        document = diagnose_merged(record)
     findings = list(document.findings)
 
     to_stdout = json_out == "-"
@@ -64,31 +99,58 @@ def report(
     else:
         _print_report(record, findings, brief)
     if "--json" in outputs:
-        write_json(outputs["--json"], document.to_dict())
+        data = json.dumps(document.to_dict(), indent=2) + "\n"
+        write_output(outputs["--json"], lambda f: f.write(data))
     if "--html" in outputs:
-        from trainmedic.report.html import write_html_report
+        from trainmedic.report.html import render_html_report
 
-        _write("--html", outputs["--html"], lambda p: write_html_report(record, findings, p))
+        page = render_html_report(record, findings)
+        write_output(outputs["--html"], lambda f: f.write(page))
     if "--trace" in outputs:
-        from trainmedic.report.trace import write_chrome_trace
+        from trainmedic.report.trace import dump_chrome_trace
 
-        _write("--trace", outputs["--trace"], lambda p: write_chrome_trace(record, p))
-    for flag, path in outputs.items():
-        click.echo(f"{flag[2:]} report written to {path}", err=to_stdout)
+        write_output(outputs["--trace"], lambda f: dump_chrome_trace(record, f))
+    for flag, output in outputs.items():
+        click.echo(f"{flag[2:]} report written to {printable(str(output.path))}", err=to_stdout)
     return 0
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def diagnose_merged(record: RunRecord) -> FindingsDocument:
+    """The findings of several nodes' runs merged into one record."""
+    from trainmedic.diagnose import diagnose_run
+
+    nodes = record.meta.environment.get("nodes") or []
+    return FindingsDocument.build(
+        "run",
+        diagnose_run(record),
+        created_at=time.time(),
+        context={
+            "run_id": record.meta.run_id,
+            "command": list(record.meta.command),
+            "merged": True,
+            "nodes": nodes,
+        },
+    )
 
 
 def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
     """The run's findings: its findings.json, else a fresh diagnosis of ``record``."""
+    from trainmedic.findings.reading import read_findings_document
+
     path = run_dir / FINDINGS_FILE
-    if path.is_file():
-        try:
-            return FindingsDocument.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except OSError as exc:
-            raise RunDirectoryError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            reason = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else exc
-            raise RunDirectoryError(f"{path}: malformed findings document: {reason}") from None
+    try:
+        present = path.is_file()
+    except OSError as exc:
+        raise RunDirectoryError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
+    if present:
+        return read_findings_document(path)
     try:
         from trainmedic.diagnose import diagnose_run
     except ImportError:
@@ -107,51 +169,21 @@ def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
     )
 
 
-def _check_outputs(run_dir: Path, requested: dict[str, str | None]) -> dict[str, Path]:
-    """The output paths, checked before any work: writable places, no clashes,
-    and never a file of the run record."""
-    from trainmedic.record.store import LINE_FILES, META_FILE
-
-    protected = {*LINE_FILES, META_FILE, FINDINGS_FILE}
-    outputs: dict[str, Path] = {}
-    seen: dict[Path, str] = {}
-    for flag, value in requested.items():
-        if value is None or value == "-":
-            continue
-        if not value:
-            raise UsageError(f"{flag}: empty file name")
-        path = Path(value)
-        if path.is_dir():
-            raise InputError(f"{flag} {path}: is a directory")
-        if not path.parent.is_dir():
-            raise InputError(f"{flag} {path}: directory {path.parent} does not exist")
-        resolved = path.resolve()
-        if resolved in seen:
-            raise UsageError(f"{flag} and {seen[resolved]} name the same file {path}")
-        seen[resolved] = flag
-        if run_dir.is_dir() and resolved.parent == run_dir.resolve() and path.name in protected:
-            raise InputError(f"{flag} {path}: would overwrite the run record's {path.name}")
-        outputs[flag] = path
-    return outputs
-
-
-def _write(flag: str, path: Path, write: Callable[[Path], None]) -> None:
-    try:
-        write(path)
-    except OSError as exc:
-        raise InputError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
-
-
 def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> None:
     from trainmedic.record.stats import summarize
+    from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
+    from trainmedic.report.ranks import render_nodes, render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console = Console(highlight=False)
     render_run_summary(console, record.meta, summarize(record))
     console.print()
+    render_nodes(console, record)
+    render_ranks(console, record)
     render_incidents(console, record)
+    render_applied(console, record)
     render_findings(console, findings, "findings", show_info=not brief)
 
 

@@ -28,7 +28,16 @@ _OPTIONS = (
         type=click.IntRange(min=0),
         default=3,
         show_default=True,
-        help="Restart the job at most N times after a hang or a crash (0: never).",
+        help="Give up after N restarts in a row that made no progress (an attempt that "
+        "trained for a while resets the count; 0: never restart).",
+    ),
+    click.option(
+        "--max-total-restarts",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="Restart at most N times in all, progress or not (torchrun's --max-restarts) "
+        "[default: no cap].",
     ),
     click.option(
         "--timeout",
@@ -53,7 +62,26 @@ _OPTIONS = (
         type=_SECONDS,
         default=None,
         metavar="SECONDS",
-        help="The learned step timeout is never below this [default: 120].",
+        help="The step timeout for a silence the evidence shows to be a hang (blocked, "
+        "spinning, waiting on a peer or a data source) is never below this [default: 20].",
+    ),
+    click.option(
+        "--unclear-timeout",
+        "unclear_timeout_s",
+        type=_SECONDS,
+        default=None,
+        metavar="SECONDS",
+        help="The step timeout for a silence the evidence cannot classify is never below "
+        "this [default: 120, or the floor if higher].",
+    ),
+    click.option(
+        "--work-cap",
+        "work_cap_s",
+        type=_SECONDS,
+        default=None,
+        metavar="SECONDS",
+        help="A silence with work (an unmarked evaluation, a large write) is allowed this "
+        "long after the last step [default: 7200].",
     ),
     click.option(
         "--time-budget",
@@ -80,7 +108,9 @@ _OPTIONS = (
         default=5.0,
         show_default=True,
         metavar="SECONDS",
-        help="Wait before the first restart; doubles per restart (at most 120 s) plus jitter.",
+        help="Wait before the second restart in a row without progress (the first is "
+        "immediate), doubling after (at most 120 s), plus jitter; from the first "
+        "restart when the cause lies outside the job. 0: never wait.",
     ),
     click.option(
         "--resume-args",
@@ -104,9 +134,12 @@ _OPTIONS = (
 )
 _NAMES = (
     "max_restarts",
+    "max_total_restarts",
     "timeout_s",
     "startup_timeout_s",
     "timeout_floor_s",
+    "unclear_timeout_s",
+    "work_cap_s",
     "time_budget_s",
     "grace_s",
     "backoff_s",
@@ -131,20 +164,29 @@ def resilience_options(fn: F) -> F:
     return decorated  # type: ignore[return-value]
 
 
+MAX_SECONDS = 366 * 24 * 3600.0
+"""Longest duration any of these options takes (a year): past it, timers overflow."""
+
+
 def _seconds(name: str, value: float | None, *, zero: bool = False) -> float | None:
     if value is None:
         return None
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
         raise UsageError(f"{name} must be a positive number of seconds, got {value:g}")
+    if value > MAX_SECONDS:
+        raise UsageError(f"{name} must be at most {MAX_SECONDS:.0f} s (a year), got {value:g}")
     return value
 
 
 def build_resilience(
     *,
     max_restarts: int = 3,
+    max_total_restarts: int | None = None,
     timeout_s: float | None = None,
     startup_timeout_s: float | None = None,
     timeout_floor_s: float | None = None,
+    unclear_timeout_s: float | None = None,
+    work_cap_s: float | None = None,
     time_budget_s: float | None = None,
     grace_s: float = 10.0,
     backoff_s: float = 5.0,
@@ -160,19 +202,27 @@ def build_resilience(
     fixed = _seconds("--timeout", timeout_s)
     startup = _seconds("--startup-timeout", startup_timeout_s)
     floor = _seconds("--timeout-floor", timeout_floor_s)
+    unclear = _seconds("--unclear-timeout", unclear_timeout_s)
+    cap = _seconds("--work-cap", work_cap_s)
     budget = _seconds("--time-budget", time_budget_s)
     grace = _seconds("--grace", grace_s, zero=True)
     backoff = _seconds("--backoff", backoff_s, zero=True)
     defaults = TimeoutConfig()
+    floor_s = floor if floor is not None else defaults.floor_s
     config = TimeoutConfig(
         startup_s=startup if startup is not None else defaults.startup_s,
         fixed_s=fixed,
-        floor_s=floor if floor is not None else defaults.floor_s,
+        floor_s=floor_s,
+        # Unclear silences keep the conservative bound unless asked otherwise; a
+        # floor set above it raises it too.
+        unclear_floor_s=unclear if unclear is not None else max(defaults.unclear_floor_s, floor_s),
+        progress_cap_s=cap if cap is not None else defaults.progress_cap_s,
     )
     if checkpoint_glob is not None and not checkpoint_glob.strip():
         raise UsageError("--checkpoint-glob is empty")
     return ResilienceOptions(
         max_restarts=max_restarts,
+        max_total_restarts=max_total_restarts,
         time_budget_s=budget,
         timeout=config,
         # Only the startup bound applies before a step: --timeout alone does not

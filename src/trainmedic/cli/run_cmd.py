@@ -7,12 +7,15 @@ summary with the findings is printed to stderr at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -21,9 +24,14 @@ from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_opti
 from trainmedic.cli.resilience_options import resilience_options
 from trainmedic.errors import UsageError
 from trainmedic.findings.model import Finding, FindingsDocument
+from trainmedic.ostext import printable
+from trainmedic.record.guard import record_loss_finding
 
 if TYPE_CHECKING:
+    from trainmedic.record.types import RunRecord
     from trainmedic.supervise.attempts import ResilienceOptions
+    from trainmedic.supervise.metrics_server import Exporter
+    from trainmedic.supervise.session import RunOutcome
 
 FINDINGS_FILE = "findings.json"
 HTML_FILE = "report.html"
@@ -31,7 +39,10 @@ HTML_FILE = "report.html"
 
 @click.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    # Options end at the first argument that is not one (or at "--"): everything
+    # after it is the job's, "--quiet" included. Before it, an unknown option is
+    # a usage error, never the command.
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option(
     "--out",
@@ -54,6 +65,20 @@ HTML_FILE = "report.html"
     show_default=True,
     help="Exit 1 when the job succeeded but a finding reaches this severity.",
 )
+@click.option(
+    "--apply-from",
+    metavar="PATH",
+    default=None,
+    help="Apply the fixes a previous run directory's findings (or a tune --json file) "
+    "recommend, inside the unmodified job (docs/remedies.md).",
+)
+@click.option(
+    "--prometheus",
+    metavar="[ADDR:]PORT",
+    default=None,
+    help="Serve metrics for Prometheus at http://ADDR:PORT/metrics while the job runs "
+    "(127.0.0.1 unless ADDR is given; names in docs/metrics.md).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @resilience_options
 def run(
@@ -63,6 +88,8 @@ def run(
     no_html: bool,
     no_probe: bool,
     fail_on: str,
+    apply_from: str | None,
+    prometheus: str | None,
     command: tuple[str, ...],
     resilience: ResilienceOptions,
 ) -> int:
@@ -73,91 +100,230 @@ def run(
     job restarted with remedies and resumed from its last checkpoint
     (docs/restarts.md); a bug is not restarted."""
     from trainmedic.simulation import load_simulation
-    from trainmedic.supervise.rundir import default_run_dir, prepare_run_dir
-    from trainmedic.supervise.session import RunOptions, RunSession
+    from trainmedic.supervise.launcher import resolve_command
+    from trainmedic.supervise.rundir import default_run_dir
 
     argv = tuple(command)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UsageError("no command given (usage: trainmedic run [OPTIONS] -- CMD [ARGS]...)")
+    # Everything that can be refused is refused before anything is created.
+    try:
+        os.getcwd()
+    except OSError as exc:  # run from a directory removed meanwhile
+        raise UsageError(
+            f"the current directory cannot be used ({exc.strerror}): cd to one that exists"
+        ) from None
     if simulate is not None:
         load_simulation(simulate)  # a bad file is refused before anything runs
+    resolve_command(argv[0], os.environ)
+    listen = None
+    if prometheus is not None:
+        from trainmedic.supervise.metrics_server import parse_listen
+
+        listen = parse_listen(prometheus)
+    environ = dict(os.environ)
+    plan = None
+    if apply_from is not None:
+        from trainmedic.remedies.apply_plan import APPLY_ENV, plan_from
+
+        if no_probe:
+            raise UsageError("--apply-from needs the probe: drop --no-probe")
+        plan = plan_from(apply_from)  # a bad source is refused before anything runs
+        _announce_plan(plan)
+        environ[APPLY_ENV] = plan.to_env()
     run_dir = Path(out) if out else default_run_dir(argv)
-    created = prepare_run_dir(run_dir)
+    with contextlib.ExitStack() as stack:
+        exporter = None
+        if listen is not None:
+            from trainmedic.supervise.metrics import MetricsState
+            from trainmedic.supervise.metrics_server import start_exporter
+
+            # Bound before anything is created: a port in use is a usage error.
+            exporter = start_exporter(MetricsState(printable(run_dir.name)), listen)
+            stack.callback(exporter.close)
+        return _run(
+            argv, run_dir, simulate, quiet, no_html, no_probe, fail_on, plan, environ,
+            resilience, exporter,
+        )  # fmt: skip
+
+
+def _run(
+    argv: tuple[str, ...],
+    run_dir: Path,
+    simulate: str | None,
+    quiet: bool,
+    no_html: bool,
+    no_probe: bool,
+    fail_on: str,
+    plan: Any,
+    environ: dict[str, str],
+    resilience: ResilienceOptions,
+    exporter: Exporter | None,
+) -> int:
+    from trainmedic.supervise.rundir import prepare_run_dir, remove_unused
+    from trainmedic.supervise.session import RunOptions, RunSession
+
+    prepared = prepare_run_dir(run_dir)
+    if exporter is not None:
+        _say(f"trainmedic: metrics at {exporter.url}")
     options = RunOptions(
         argv=argv,
         run_dir=run_dir,
         simulate=simulate,
         live="off" if quiet else "auto",
         probe=not no_probe,
-        created_dir=created,
+        created_dir=prepared.created,
         resilience=resilience,
     )
-    outcome = RunSession(options).run()
-    findings = _diagnose_and_report(run_dir, outcome, write_html=not no_html)
+    try:
+        outcome = RunSession(
+            options, environ=environ, metrics=None if exporter is None else exporter.state
+        ).run()
+    except BaseException:
+        remove_unused(prepared)  # only what it created, and only when empty
+        raise
+    # With the disk full, the few MB of report.html would only fail.
+    html = not no_html and outcome.record_loss is None
+    try:
+        findings = _diagnose_and_report(
+            run_dir, outcome, write_html=html, plan=None if plan is None else plan.to_dict()
+        )
+    except KeyboardInterrupt:
+        # The job has ended: a Ctrl-C now stops the report, never changes the job's status.
+        _say(
+            f"trainmedic: interrupted: the report was not finished "
+            f"(see it with 'trainmedic report {printable(str(run_dir))}')"
+        )
+        return outcome.exit_status
+    if exporter is not None and findings is not None:
+        exporter.state.set_findings(findings)
+    if prepared.note:
+        _say(f"trainmedic: note: {prepared.note}")
+    if outcome.record_loss is not None:
+        message = outcome.record_loss.message(run_dir, outcome.started_at)
+        _say(f"trainmedic: warning: {message}" + ("" if no_html else " (no report.html)"))
     if outcome.exit_status == 0 and findings is not None:
         return exit_code_for(findings, fail_on)
     return outcome.exit_status
 
 
-def _diagnose_and_report(run_dir: Path, outcome: object, write_html: bool) -> list[Finding] | None:
+def _say(line: str) -> None:
+    """One line on stderr; a closed stderr must not change the exit status."""
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(printable(line), err=True)
+
+
+def _announce_plan(plan: Any) -> None:
+    head = "nothing to apply" if plan.empty else "applying"
+    _say(f"trainmedic: {head} from {plan.source}:")
+    for line in plan.describe():
+        _say(f"  {line}")
+
+
+def _diagnose_and_report(
+    run_dir: Path, outcome: RunOutcome, write_html: bool, plan: dict[str, Any] | None = None
+) -> list[Finding] | None:
     """Diagnose the closed record, write findings.json and report.html, print the summary.
 
-    Any failure here is reported in one line: the job's exit code must still
-    come out of ``trainmedic run``.
+    Each failure here is one line, and none stops the others: the findings are
+    printed even when the disk refuses findings.json, and the job's exit code
+    comes out of ``trainmedic run`` whatever happens.
     """
-    console = Console(file=sys.stderr, highlight=False)
+    console = _StderrConsole(file=sys.stderr, highlight=False)
+    shown = printable(str(run_dir))
     try:
         from trainmedic.diagnose import diagnose_run
-        from trainmedic.record.stats import summarize
         from trainmedic.record.store import load_run_record
-        from trainmedic.report.incidents import render_incidents
-        from trainmedic.report.run_summary import render_run_summary
-        from trainmedic.report.terminal import render_findings
 
         record = load_run_record(run_dir)
-        findings = diagnose_run(record, getattr(outcome, "machine", None))
-        document = FindingsDocument.build(
-            "run",
-            findings,
-            created_at=time.time(),
-            context={
-                "run_id": record.meta.run_id,
-                "command": list(record.meta.command),
-                "exit_code": record.meta.exit_code,
-                "run_dir": str(run_dir),
-            },
-        )
-        _write_private(run_dir / FINDINGS_FILE, json.dumps(document.to_dict(), indent=2) + "\n")
-        if write_html:
-            from trainmedic.report.html import write_html_report
-
-            html = run_dir / HTML_FILE
-            write_html_report(record, list(document.findings), html)
-            os.chmod(html, 0o600)
-        console.print()
-        render_run_summary(console, record.meta, summarize(record))
-        console.print()
-        render_incidents(console, record)
-        render_findings(console, list(document.findings), "findings")
-        where = run_dir / HTML_FILE if write_html else run_dir
-        console.print(f"\nreport: {where}", soft_wrap=True, markup=False)
-        return list(document.findings)
+        findings = list(diagnose_run(record, outcome.machine))
     except Exception as exc:
-        console.print(
-            f"trainmedic: error: the run was recorded in {run_dir} but could not be "
-            f"diagnosed: {type(exc).__name__}: {' '.join(str(exc).split())}",
-            highlight=False,
-            markup=False,
+        _say(
+            f"trainmedic: error: the run was recorded in {shown} but could not be "
+            f"diagnosed: {type(exc).__name__}: {' '.join(str(exc).split())}"
         )
         return None
+    if outcome.record_loss is not None:
+        findings.append(record_loss_finding(outcome.record_loss, shown, outcome.started_at))
+    document = FindingsDocument.build(
+        "run",
+        findings,
+        created_at=time.time(),
+        context={
+            "run_id": record.meta.run_id,
+            "command": list(record.meta.command),
+            "exit_code": record.meta.exit_code,
+            "run_dir": shown,
+            **({"apply_plan": plan} if plan is not None else {}),
+        },
+    )
+    ranked = list(document.findings)
+    data = json.dumps(document.to_dict(), indent=2) + "\n"
+    where: Path | None = run_dir
+    if not _write_file(run_dir / FINDINGS_FILE, lambda f: f.write(data)):
+        where = None
+    if write_html:
+        from trainmedic.report.html import render_html_report
+
+        if _write_file(run_dir / HTML_FILE, lambda f: f.write(render_html_report(record, ranked))):
+            where = run_dir / HTML_FILE
+    with contextlib.suppress(OSError, ValueError):
+        _print_summary(console, record, ranked, where, plan)
+    return ranked
 
 
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+class _StderrConsole(Console):
+    """A console whose closed stream is an ``OSError`` to suppress: rich's default
+    ends the process (``SystemExit(1)``), which would replace the job's exit status."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def _print_summary(
+    console: Console,
+    record: RunRecord,
+    findings: list[Finding],
+    where: Path | None,
+    plan: dict[str, Any] | None = None,
+) -> None:
+    from trainmedic.record.stats import summarize
+    from trainmedic.report.applied import render_applied
+    from trainmedic.report.incidents import render_incidents
+    from trainmedic.report.ranks import render_ranks
+    from trainmedic.report.run_summary import render_run_summary
+    from trainmedic.report.terminal import render_findings
+
+    console.print()
+    render_run_summary(console, record.meta, summarize(record))
+    console.print()
+    render_ranks(console, record)
+    render_incidents(console, record)
+    render_applied(console, record, None if plan is None else str(plan.get("source")))
+    render_findings(console, findings, "findings")
+    if where is not None:
+        console.print(f"\nreport: {printable(str(where))}", soft_wrap=True, markup=False)
+
+
+def _write_file(path: Path, produce: Callable[[IO[str]], object]) -> bool:
+    """Write a report file of the run (private, atomic); one line and ``False`` on failure."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+                produce(f)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except Exception as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        _say(f"trainmedic: error: {path.name} not written: {reason}")
+        return False
+    return True
 
 
 COMMAND = run

@@ -19,9 +19,12 @@ SCRIPT = DEMO_DIR / "train_lenet.py"
 """The training script the demo runs; it knows nothing about trainmedic."""
 SIMULATIONS_DIR = DEMO_DIR / "simulations"
 
-TOLERATED = ("contention.cpu",)
+TOLERATED = ("contention.cpu", "contention.steal")
 """Findings the machine itself may add to any scenario: other people's processes
 on a shared machine are real, and trainmedic is right to report them."""
+BUSY_MACHINE_INPUT_CAUSE = "input.contention"
+"""The input rule's cause when other processes starved the loader: on a busy machine it
+takes the place of an input scenario's own cause, rightly."""
 
 
 @dataclass(frozen=True)

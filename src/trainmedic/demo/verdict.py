@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainmedic.demo.scenarios import TOLERATED, Scenario
+from trainmedic.demo.scenarios import BUSY_MACHINE_INPUT_CAUSE, TOLERATED, Scenario
 from trainmedic.findings.model import Finding, Severity
 
 
@@ -59,6 +59,20 @@ def judge(scenario: Scenario, findings: Sequence[Finding]) -> Verdict:
         and first.category is scenario.category
         and first.severity is not Severity.INFO
     )
+    if (
+        not matches
+        and first.id == BUSY_MACHINE_INPUT_CAUSE
+        and scenario.expected.startswith("input.")
+        and (first.evidence.get("others_cpu_cores") or 0.0) >= 0.5
+    ):
+        return Verdict(
+            True,
+            f"this machine is too busy to show {scenario.expected}: other processes used "
+            f"{first.evidence['others_cpu_cores']:.1f} cores and starved the loader, and "
+            f"trainmedic said so ({first.id}); run the demo on a quiet machine to see the "
+            "scenario's own cause",
+            first,
+        )
     if matches:
         return Verdict(
             True,

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from trainmedic.diagnose.amp import grad_scaler_skips
 from trainmedic.diagnose.contention import cpu_contention, gpu_contention
+from trainmedic.diagnose.gpu_visibility import gpu_visibility
 from trainmedic.diagnose.hardware import hardware_faults
 from trainmedic.diagnose.healthy import overall
+from trainmedic.diagnose.host_time import host_time
 from trainmedic.diagnose.incidents import incidents
-from trainmedic.diagnose.input_bound import input_bound, shm_too_small
+from trainmedic.diagnose.input_bound import input_bound
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.precision import no_mixed_precision
+from trainmedic.diagnose.probe_reach import probe_reach
+from trainmedic.diagnose.ranks import distributed
+from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.stalls import stalls
 from trainmedic.diagnose.thermal import throttling
 from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
@@ -31,17 +37,22 @@ Rule = Callable[[RunView, Thresholds], Sequence[Finding]]
 
 RULES: tuple[Rule, ...] = (
     input_bound,
+    host_time,
     shm_too_small,
     host_overhead,
     small_batch,
     no_mixed_precision,
+    grad_scaler_skips,
     memory_pressure,
     gpu_contention,
     cpu_contention,
     throttling,
     hardware_faults,
+    gpu_visibility,
     stalls,
     incidents,
+    probe_reach,
+    distributed,
 )
 
 
@@ -56,8 +67,25 @@ def diagnose_run(
     findings: list[Finding] = []
     for rule in rules:
         findings.extend(rule(view, thresholds))
+    findings = _without_superseded(findings)
     findings.extend(overall(view, thresholds, findings))
     return rank_findings(findings)
+
+
+STRAGGLER_DATA = "distributed.straggler.data"
+
+
+def _without_superseded(findings: list[Finding]) -> list[Finding]:
+    """Drop pooled findings that a precise one explains.
+
+    In a distributed run whose data wait is one rank's (a data straggler), the
+    input rule, which pools every rank's steps, would report the job waiting for
+    data at the average of one slow rank and fast ones, naming no rank; the
+    straggler finding names the rank, its cause and what it costs the others.
+    """
+    if any(f.id == STRAGGLER_DATA for f in findings):
+        return [f for f in findings if not f.id.startswith("input.")]
+    return findings
 
 
 __all__ = ["DEFAULT_THRESHOLDS", "RULES", "Rule", "RunView", "Thresholds", "diagnose_run"]

@@ -1,15 +1,29 @@
 """Other processes competing with the job for its GPUs or its CPU (``contention``).
 
-A process on a job GPU is foreign when its pid is not the job's. NVML reports
-pids in the host's namespace, so inside a container no job pid may match:
-then only processes of another user count as foreign.
+Severity and impact follow what the competition costs, never its mere
+presence. On the CPU that is measured directly: the share of the training
+thread's time spent runnable without a CPU (its run-queue delay, from the
+kernel's scheduler counters; :mod:`trainmedic.diagnose.cpu_time`). The wait
+is then attributed: to the job's cgroup quota (``cpu.throttled``), to the
+hypervisor (``contention.steal``), to other processes (``contention.cpu``), or
+to the job's own threads outnumbering its cores (``cpu.oversubscribed``).
+Records without thread measurements fall back to others' CPU on a full
+machine, with the slowdown of the steps that overlapped it.
+
+On a GPU, a process on a job GPU is foreign when its pid is not the job's.
+NVML reports pids in the host's namespace, so inside a container no job pid
+may match: then only processes of another user count as foreign. Its cost is
+the slowdown of the steps it overlapped; when it stayed the whole run, a GPU
+that is busy (the job waits for it) makes it a warning, an idle one
+information.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainmedic.diagnose.input_bound import is_input_bound, others_crowd
+from trainmedic.diagnose.cpu_time import contended_intervals
+from trainmedic.diagnose.input_bound import input_cause, is_input_bound, others_crowd
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import Interval, RunView, sample_intervals
 from trainmedic.findings.model import Category, Finding, Severity
@@ -41,9 +55,13 @@ def gpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
         if not hit or share < th.foreign_gpu_min_share or len(hit) < min(2, len(series)):
             continue
         impact = view.slowdown_share(hit) if share < 1.0 else None
-        severity = (
-            Severity.INFO if impact is not None and impact < NO_EFFECT_SHARE else Severity.WARNING
-        )
+        util = _mean_util(series)
+        if impact is not None:
+            severity = Severity.INFO if impact < NO_EFFECT_SHARE else Severity.WARNING
+        else:
+            # Nothing to compare with: a GPU with room to spare costs the job little.
+            busy = util is None or util >= th.gpu_util_low_pct
+            severity = Severity.WARNING if busy else Severity.INFO
         names = ", ".join(_describe(p) for p in list(foreign.values())[:3])
         findings.append(
             Finding(
@@ -56,7 +74,8 @@ def gpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
                     "foreign_time_share": share,
                     "foreign_gpu_min_share": th.foreign_gpu_min_share,
                     "samples_with_foreign": len(hit),
-                    "gpu_utilization_pct": _mean_util(series),
+                    "gpu_utilization_pct": util,
+                    "gpu_util_low_pct": th.gpu_util_low_pct,
                     "pid_namespace_matches": same_namespace,
                 },
                 fix=(
@@ -73,8 +92,117 @@ def gpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
 
 
 def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
-    """Others use at least ``others_cpu_share`` of the usable cores (and one core) while
-    the machine is at ``system_cpu_busy_pct``."""
+    """The training thread waits for a CPU: a warning from ``cpu_wait_warning_share`` of
+    its time, an error from ``cpu_wait_error_share``, information from
+    ``cpu_wait_info_share`` (see the module docstring for the attribution)."""
+    cpu = view.cpu
+    if cpu.train_wait_share is None or view.summary.steps_steady < th.min_steady_steps:
+        return _legacy_cpu_contention(view, th)
+    wait = cpu.train_wait_share
+    if wait < th.cpu_wait_info_share:
+        return []
+    cause = input_cause(view, th).key if is_input_bound(view, th) else None
+    if cause == "contention":
+        return []  # the input rule names contention as the cause of the wait
+    s = view.summary
+    cores = view.usable_cores
+    others = s.others_cpu_mean_cores or 0.0
+    runnable = cpu.job_runnable_cores
+    own_excess = max(0.0, (runnable or 0.0) - (cores or float("inf")))
+    severity = (
+        Severity.ERROR
+        if wait >= th.cpu_wait_error_share
+        else Severity.WARNING
+        if wait >= th.cpu_wait_warning_share
+        else Severity.INFO
+    )
+    ev: dict[str, Any] = {
+        "train_cpu_wait_share": wait,
+        "train_cpu_wait_max_share": cpu.train_wait_max_share,
+        "cpu_wait_warning_share": th.cpu_wait_warning_share,
+        "cpu_wait_error_share": th.cpu_wait_error_share,
+        "training_threads": cpu.train_threads,
+        "helper_cpu_cores": cpu.helper_cpu_cores,
+        "loader_cpu_wait_share": cpu.loader_wait_share,
+        "job_cpu_cores": s.job_cpu_mean_cores,
+        "job_runnable_cores": runnable,
+        "usable_cores": cores,
+        "others_cpu_cores": others,
+        "steal_pct": cpu.steal_pct,
+        "cgroup_throttled_share": cpu.throttled_share,
+        "host_readings": cpu.readings,
+    }
+    if view.machine is not None and view.machine.host.top_processes:
+        ev["top_other_processes"] = [
+            {"pid": p.pid, "user": p.user, "name": p.name, "cpu_pct": p.cpu_pct}
+            for p in view.machine.host.top_processes[:5]
+        ]
+    slowdown = view.slowdown_share(contended_intervals(view.steady_host, th.cpu_wait_warning_share))
+    if slowdown is not None:
+        ev["contended_steps_slowdown_share"] = slowdown
+    ev = {k: v for k, v in ev.items() if v is not None}
+    lost = f"the training thread waits for a CPU {wait:.0%} of its time"
+    if cpu.throttled_share is not None and cpu.throttled_share >= th.throttled_high_share:
+        key, category = "cpu.throttled", Category.CPU
+        title = f"The job's CPU quota stops it {cpu.throttled_share:.0%} of the time: {lost}"
+        fix = (
+            "Raise the container's CPU limit (docker run --cpus, the pod's "
+            "resources.limits.cpu), or use fewer threads than the quota allows "
+            f"(torch.set_num_threads({_cores_str(cores)}), fewer DataLoader workers) so the "
+            "quota is not spent early in each period."
+        )
+    elif cpu.steal_pct is not None and cpu.steal_pct >= th.steal_high_pct:
+        key, category = "contention.steal", Category.CONTENTION
+        title = f"The hypervisor gives {cpu.steal_pct:.0f} % of the CPU to other machines: {lost}"
+        fix = (
+            "The virtual machine's host is oversubscribed: move to dedicated or larger "
+            "instances (no burstable/shared-core types), or ask the provider; the steal "
+            "shows in `top` as %st."
+        )
+    elif runnable is not None and cores is not None and (
+        own_excess >= max(th.others_min_cores, 0.5 * cores)
+        or (own_excess > 0 and others < max(th.others_min_cores, own_excess))
+    ):
+        key, category = "cpu.oversubscribed", Category.CPU
+        title = f"The job keeps {runnable:.1f} threads busy on {_cores_str(cores)} cores: {lost}"
+        workers = view.num_workers or 0
+        threads = max(1, int(cores) - workers)
+        fix = (
+            "Run no more busy threads than cores: torch.set_num_threads("
+            f"{threads}) (or OMP_NUM_THREADS={threads}) in the training process, leaving "
+            "cores to the DataLoader workers, which use one thread each."
+        )
+    elif others >= th.others_min_cores:
+        key, category = "contention.cpu", Category.CONTENTION
+        title = f"Other processes use {others:.1f} of the job's {_cores_str(cores)} cores: {lost}"
+        fix = (
+            "Reserve the cores: stop or move the other processes, pin them away from the "
+            "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
+        )
+    else:
+        key, category = "contention.cpu", Category.CONTENTION
+        title = f"Other processes take CPU time the job needs: {lost}"
+        fix = (
+            "Reserve the cores: stop or move the other processes, pin them away from the "
+            "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
+        )
+    return [
+        Finding(
+            id=key,
+            category=category,
+            severity=severity,
+            title=title,
+            evidence=ev,
+            fix=fix,
+            impact=wait,
+            subject="host",
+        )
+    ]
+
+
+def _legacy_cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
+    """Without thread measurements: others use ``others_cpu_share`` of the usable cores
+    (and one core) while the machine is at ``system_cpu_busy_pct``."""
     if not others_crowd(view, th):
         return []
     if is_input_bound(view, th):
@@ -126,6 +254,10 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             subject="host",
         )
     ]
+
+
+def _cores_str(cores: float | None) -> str:
+    return "?" if cores is None else f"{cores:g}"
 
 
 def _foreign(p: GpuProcess, view: RunView, same_namespace: bool) -> bool:

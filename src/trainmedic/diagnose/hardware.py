@@ -2,8 +2,11 @@
 
 Counters judged by their change during the run (what existed before is
 doctor's business): volatile uncorrected ECC errors, row-remapping state,
-pending page retirement; and Xid events the supervisor recorded (kind ``xid``,
-``data["xid"]`` the code, ``data["gpu"]`` the index when known).
+pending page retirement; GPUs that stopped answering the driver; and Xid
+events the supervisor recorded (kind ``xid``: the kernel log line as message,
+``data["xid"]`` the code, ``data["pci_bus_id"]`` / ``data["gpu"]`` the GPU
+when known). Xids are judged by NVIDIA's catalogue (:mod:`trainmedic.gpu.faults`),
+exactly as doctor and the failure classifier judge them.
 """
 
 from __future__ import annotations
@@ -14,40 +17,18 @@ from typing import Any
 
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
+from trainmedic.findings.gpu_faults import group_xids, unreachable_finding, xid_finding
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu import faults
+from trainmedic.gpu.types import GpuSample, normalize_pci_bus_id
 from trainmedic.record.types import RunEvent
-
-#: Xid codes that mean failing hardware (NVIDIA's Xid catalogue): the GPU should be drained.
-XID_HARDWARE = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    64: "ECC page retirement or row remapping failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    121: "C2C link error",
-    140: "unrecovered ECC error",
-}
-#: Xid codes usually caused by the application (bad address, killed context).
-XID_APPLICATION = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup",
-    63: "ECC page retirement or row remapping event",
-    94: "contained ECC error",
-}
 
 _DRAIN = (
     "Drain the GPU: move the job to another GPU or node (CUDA_VISIBLE_DEVICES / the "
     "scheduler's exclude list), reset it (nvidia-smi -r) when idle, and report it to the "
     "provider if it repeats."
 )
-# "NVRM: Xid (PCI:0000:3b:00): 79, pid=..." or "Xid 79"
+# An event whose message is not a kernel line: "Xid 79" or "xid: 79".
 _XID_IN_TEXT = re.compile(r"\bxid\b(?:\s*\([^)]*\))?\s*:?\s*(\d+)", re.IGNORECASE)
 
 
@@ -103,53 +84,68 @@ def hardware_faults(view: RunView, th: Thresholds) -> list[Finding]:
                     subject=subject,
                 )
             )
-    findings += _xid_findings(view.record.events)
+    findings += _unreachable(view)
+    findings += _xid_findings(view.record.events, view.record.gpu)
     return findings
 
 
-def _xid_findings(events: list[RunEvent]) -> list[Finding]:
-    groups: dict[tuple[int | None, int | None], list[RunEvent]] = {}
-    for e in events:
-        if e.kind != "xid":
+def _unreachable(view: RunView) -> list[Finding]:
+    """GPUs that stopped answering: an error on the job's GPUs, a warning on others."""
+    out = []
+    for index in sorted({g.index for g in view.record.gpu}):
+        series = view.gpu_series(index, steady_only=False)
+        lost = next((g for g in series if g.unreachable is not None), None)
+        if lost is None:
             continue
-        groups.setdefault((_int(e.data, "gpu", "index"), _xid_code(e)), []).append(e)
-    findings = []
-    for (gpu, code), evs in sorted(groups.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1] or -1)):
-        where = f"GPU {gpu}" if gpu is not None else "a GPU"
-        if code in XID_HARDWARE:
-            severity, meaning, fix = Severity.ERROR, XID_HARDWARE[code], _DRAIN
-        elif code in XID_APPLICATION:
-            severity, meaning = Severity.WARNING, XID_APPLICATION[code]
-            fix = (
-                "Usually the application: run once with CUDA_LAUNCH_BLOCKING=1 and "
-                "compute-sanitizer to find the faulting kernel; drain the GPU if it repeats "
-                "with code known to be good."
+        known = next((g for g in reversed(series) if g.unreachable is None), None)
+        if known is not None:  # name it as it was last seen
+            lost = GpuSample(
+                timestamp=lost.timestamp,
+                index=index,
+                name=known.name,
+                uuid=lost.uuid or known.uuid,
+                pci_bus_id=lost.pci_bus_id or known.pci_bus_id,
+                unreachable=lost.unreachable,
             )
-        else:
-            severity, meaning = Severity.WARNING, "see NVIDIA's Xid catalogue"
-            fix = "Look the code up in NVIDIA's Xid catalogue; drain the GPU if it repeats."
-        ev: dict[str, Any] = {"xid": code, "events": len(evs), "first_message": evs[0].message}
-        findings.append(
-            Finding(
-                id=f"hardware.xid.{code if code is not None else 'unknown'}",
-                category=Category.HARDWARE_FAULT,
-                severity=severity,
-                title=f"Xid {code if code is not None else '?'} on {where}: {meaning}",
-                evidence=ev,
-                fix=fix,
-                subject=f"gpu{gpu}" if gpu is not None else None,
-            )
+        job = index in view.job_gpu_indices or not view.job_gpu_indices
+        out.append(
+            unreachable_finding(lost, Severity.ERROR if job else Severity.WARNING, "during the run")
         )
-    return findings
+    return out
 
 
-def _xid_code(e: RunEvent) -> int | None:
+def _xid_findings(events: list[RunEvent], gpus: list[GpuSample]) -> list[Finding]:
+    found: list[faults.XidEvent] = []
+    indices: list[int | None] = []
+    for e in events:
+        if e.kind == "xid" and (x := _xid_event(e)) is not None:
+            found.append(x)
+            indices.append(_int(e.data, "gpu", "index"))
+    groups = group_xids(found, gpus, indices)
+    return [xid_finding(group, "during the run") for group in groups]
+
+
+def _xid_event(e: RunEvent) -> faults.XidEvent | None:
+    """The event as a parsed Xid: from its kernel line, else from its data."""
+    parsed = faults.parse_xid_line(e.message)
     code = _int(e.data, "xid", "code")
+    if parsed is not None and (code is None or code == parsed.code):
+        return parsed
     if code is None:
         m = _XID_IN_TEXT.search(e.message)
-        if m:
-            code = int(m.group(1))
-    return code
+        if m is None:
+            return None
+        code = int(m.group(1))
+    bus = e.data.get("pci_bus_id")
+    return faults.XidEvent(
+        code=code,
+        pci_bus_id=normalize_pci_bus_id(bus) if isinstance(bus, str) and bus else None,
+        gpu_instance=_int(e.data, "gpu_instance"),
+        pid=_int(e.data, "pid"),
+        process=None,
+        detail=str(e.data.get("detail", "")),
+        line=e.message,
+    )
 
 
 def _int(data: Mapping[str, Any], *keys: str) -> int | None:

@@ -7,21 +7,20 @@ used memory at ``memory_near_full_share`` of the GPU.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from trainmedic.diagnose.thresholds import GIB, Thresholds
 from trainmedic.diagnose.view import RunView
+from trainmedic.findings.fixes import MICRO_BATCH_FIX
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu.faults import is_cuda_oom
 from trainmedic.record.stats import weighted_quantile
-
-_OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
 
 FIX = (
     "Need less memory per step: a smaller micro-batch with gradient accumulation (same "
     'effective batch), bf16 autocast (torch.autocast("cuda", dtype=torch.bfloat16)), '
     "activation checkpointing (torch.utils.checkpoint); against fragmentation set "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. " + MICRO_BATCH_FIX
 )
 
 
@@ -62,7 +61,7 @@ def _oom(view: RunView, ev: dict[str, Any]) -> Finding | None:
     events = [
         e
         for e in view.record.events
-        if e.kind == "oom" or (e.kind == "exception" and _OOM_TEXT.search(e.message))
+        if e.kind == "oom" or (e.kind == "exception" and is_cuda_oom(e.message))
     ]
     count = max(sum(by_pid.values()), len(events))
     if count == 0:

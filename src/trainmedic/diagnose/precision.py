@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
+from trainmedic.findings.fixes import MIXED_PRECISION_CHECK_FIX
 from trainmedic.findings.model import Category, Finding, Severity
 
 #: bf16 tensor cores arrived with Ampere (compute capability 8.0).
@@ -49,9 +50,11 @@ def no_mixed_precision(view: RunView, th: Thresholds) -> list[Finding]:
             fix=(
                 'Run forward and loss under bf16 autocast: with torch.autocast("cuda", '
                 "dtype=torch.bfloat16): loss = criterion(model(x), y) (no GradScaler needed "
-                'with bf16); at least allow TF32: torch.set_float32_matmul_precision("high").'
+                'with bf16); at least allow TF32: torch.set_float32_matmul_precision("high"). '
+                + MIXED_PRECISION_CHECK_FIX
             ),
             impact=min(1.0, th.mixed_precision_gain * busy),
             subject=(f"gpu{view.job_gpu_indices[0]}" if len(view.job_gpu_indices) == 1 else None),
+            apply={"torch": {"tf32_matmul": True}},
         )
     ]

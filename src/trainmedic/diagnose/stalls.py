@@ -10,9 +10,11 @@ phases never count. Each stall gets a cause from what coincided with it:
   run's overall loader activity, else ``io``;
 * otherwise GPU-side or unknown: GPU throttled meanwhile -> ``thermal``; GPU
   time >= half the step -> ``gpu_capacity``;
-* otherwise host-side: others' CPU high meanwhile -> ``contention``, else
-  ``framework_config`` (garbage collection, synchronisations, logging, a
-  synchronous save in the training loop).
+* otherwise host-side: the training thread spent at least half the stall's
+  extra time waiting for a CPU (measured run-queue delay) -> ``contention``,
+  else ``framework_config`` (garbage collection, synchronisations, logging, a
+  synchronous save in the training loop); without thread readings, others'
+  CPU high meanwhile -> ``contention``.
 
 A data stall on the first step of an epoch, with a loader whose workers do
 not persist, is the workers' restart (``stall.epoch_start``). Stalls costing
@@ -95,6 +97,9 @@ _TEXT: dict[str, tuple[str, str]] = {
         "a checkpoint phase).",
     ),
 }
+
+
+_HOST_SIDE_CPU_ONLY = "on the host side (no data wait)"
 
 
 @dataclass(frozen=True)
@@ -183,6 +188,8 @@ def stalls(view: RunView, th: Thresholds) -> list[Finding]:
         # One short hiccup cannot be told from a one-off event on the machine.
         repeated_or_long = len(group) > 1 or longest >= th.stall_single_warning_s
         what, fix = _TEXT[key]
+        if key == "framework_config" and view.uses_gpu is False:
+            what = _HOST_SIDE_CPU_ONLY  # no GPU to sit idle
         ev: dict[str, Any] = {
             "stalls": len(group),
             "stall_steps": [st.step for st in group[:MAX_LISTED]],
@@ -235,6 +242,13 @@ def _cause(span: StepSpan, view: RunView, th: Thresholds, throttled: list[Interv
             return Category.THERMAL
         if gpu_share is not None:
             return Category.GPU_CAPACITY
+    waited = _waited_s(view, window)
+    if waited is not None:
+        # Measured: contention made the stall only if the training thread spent most
+        # of the stall's extra time waiting for a CPU (others merely busy meanwhile
+        # do not make a synchronous save theirs).
+        excess = span.duration_max_s - (view.summary.step_time_median_s or 0.0)
+        return Category.CONTENTION if waited >= 0.5 * excess else Category.FRAMEWORK_CONFIG
     if cores is not None and any(
         h.others_cpu_pct is not None
         and h.others_cpu_pct / 100.0 >= max(1.0, th.others_cpu_share * cores)
@@ -281,6 +295,18 @@ def _dominant(activity: Counter[str], min_samples: int, th: Thresholds) -> Categ
     if share_of(activity, top, BUSY_STATES) < th.activity_dominant_share:
         return None
     return _STATE_CATEGORY.get(top)
+
+
+def _waited_s(view: RunView, window: Interval) -> float | None:
+    """Seconds the most-waiting training thread waited for a CPU within ``window``, from
+    the host readings covering it; ``None`` without thread readings there."""
+    host = sorted(view.record.host, key=lambda h: h.t)
+    waited = None
+    for h, (a, b) in zip(host, sample_intervals([h.t for h in host]), strict=True):
+        overlap = min(b, window[1]) - max(a, window[0])
+        if overlap > 0 and h.train_wait_max_share is not None:
+            waited = (waited or 0.0) + h.train_wait_max_share * overlap
+    return waited
 
 
 def _host_during(view: RunView, window: Interval) -> list[Any]:

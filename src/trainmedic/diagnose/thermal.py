@@ -1,14 +1,14 @@
 """GPU clocks held down by heat or power during the run (``thermal``).
 
-Reason semantics match doctor's (docs/doctor-checks.md, "thermal"): hardware
-thermal slowdown, the power brake, hardware slowdown and software thermal
-slowdown count at once, the most specific one naming the finding (NVML sets
-HW_SLOWDOWN together with the thermal and power-brake bits); the software
-power cap counts only on a loaded GPU (utilization >= ``gpu_loaded_util_pct``)
-whose SM clock sits below ``power_cap_clock_ratio`` of its maximum (a busy
-GPU often touches its cap near full clock); a reading with the GPU_IDLE
-reason never counts. The run adds time: the share of the observed time the
-GPU spent slowed.
+Which clock event reasons count, their names and fixes are doctor's, from
+one table (:mod:`trainmedic.gpu.faults`): hardware thermal slowdown, the
+power brake, hardware slowdown and software thermal slowdown count at once,
+the most specific naming the finding; limits (the power cap, the board limit,
+the reliability limit) count only on a loaded GPU (utilization >=
+``gpu_loaded_util_pct``) whose SM clock sits below ``power_cap_clock_ratio``
+of its maximum; a reading with the GPU_IDLE reason never counts. The run adds
+time: the share of the observed time the GPU spent slowed; a hard slowdown
+holding less than ``throttle_error_share`` of it is a warning, not an error.
 """
 
 from __future__ import annotations
@@ -18,65 +18,20 @@ from typing import Any
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import Interval, RunView, sample_intervals
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu import faults
 from trainmedic.gpu.types import ClockEventReason, GpuSample
 
 R = ClockEventReason
 
-#: reasons that count at once, most specific first, with the id suffix each gives.
-HARD_REASONS: tuple[tuple[ClockEventReason, str], ...] = (
-    (R.HW_THERMAL_SLOWDOWN, "hw_thermal"),
-    (R.HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake"),
-    (R.HW_SLOWDOWN, "hw_slowdown"),
-    (R.SW_THERMAL_SLOWDOWN, "sw_thermal"),
-)
-HARD_MASK = (
-    R.HW_POWER_BRAKE_SLOWDOWN | R.HW_SLOWDOWN | R.HW_THERMAL_SLOWDOWN | R.SW_THERMAL_SLOWDOWN
-)
-
-_NAMES = {
-    "hw_power_brake": "power brake",
-    "hw_slowdown": "hardware slowdown",
-    "hw_thermal": "hardware thermal slowdown",
-    "sw_thermal": "thermal slowdown",
-    "sw_power_cap": "power cap",
-}
-_FIX = {
-    "hw_power_brake": "The server asserted the external power brake: check the power "
-    "supplies, the BMC/IPMI event log (ipmitool sel list) and the rack's power budget; on a "
-    "rented machine report the node to the provider.",
-    "hw_slowdown": "Hardware slowdown (heat or power): check cooling and power delivery "
-    "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); clean dust, fix airflow, or drain "
-    "the GPU if it repeats at normal temperature.",
-    "hw_thermal": "The GPU overheats: improve airflow and cooling (fans, dust, blocked "
-    "slots, room temperature) or lower the power limit (nvidia-smi -pl) for steady clocks.",
-    "sw_thermal": "The driver slows the GPU for heat: improve airflow and cooling or lower "
-    "the power limit (nvidia-smi -pl) for steady clocks.",
-    "sw_power_cap": "The power limit holds clocks down: raise it toward the default "
-    "(nvidia-smi -q -d POWER; sudo nvidia-smi -pl <watts>) or ask the provider.",
-}
-
 
 def is_loaded(g: GpuSample, th: Thresholds) -> bool:
     """A kernel ran at least ``gpu_loaded_util_pct`` of the time and the GPU is not idle."""
-    if R.GPU_IDLE in g.reasons:
-        return False
-    return g.utilization_gpu_pct is not None and g.utilization_gpu_pct >= th.gpu_loaded_util_pct
+    return faults.is_loaded(g, th.gpu_loaded_util_pct)
 
 
 def active_reasons(g: GpuSample, th: Thresholds) -> ClockEventReason:
-    """The reasons that slow this reading's GPU (semantics in the module docstring)."""
-    if g.clock_event_reasons is None or R.GPU_IDLE in g.reasons:
-        return R.NONE
-    active = g.reasons & HARD_MASK
-    if (
-        R.SW_POWER_CAP in g.reasons
-        and is_loaded(g, th)
-        and g.sm_clock_mhz is not None
-        and g.sm_clock_max_mhz
-        and g.sm_clock_mhz < th.power_cap_clock_ratio * g.sm_clock_max_mhz
-    ):
-        active |= R.SW_POWER_CAP
-    return active
+    """The reasons that slow this reading's GPU (:func:`trainmedic.gpu.faults.active_reasons`)."""
+    return faults.active_reasons(g, th.gpu_loaded_util_pct, th.power_cap_clock_ratio)
 
 
 def throttled_intervals(view: RunView, th: Thresholds) -> list[Interval]:
@@ -114,12 +69,14 @@ def _throttle(index: int, series: list[GpuSample], view: RunView, th: Thresholds
         seen |= a
     hit_t = sum(iv[1] - iv[0] for _, iv, _ in hits)
     share = min(1.0, hit_t / covered)
-    hard = seen & HARD_MASK
-    if hard:
-        key = next(name for flag, name in HARD_REASONS if flag in hard)
-        severity = Severity.ERROR if share >= th.throttle_error_share else Severity.WARNING
+    rule = faults.leading_rule(seen)
+    if rule is None:
+        return None
+    if rule.hard:
+        brief = share < th.throttle_error_share
+        severity = Severity.WARNING if brief else Severity(rule.level)
     elif share >= th.power_cap_min_share:
-        key, severity = "sw_power_cap", Severity.WARNING
+        severity = Severity(rule.level)
     else:
         return None
 
@@ -135,8 +92,7 @@ def _throttle(index: int, series: list[GpuSample], view: RunView, th: Thresholds
         impact = view.slowdown_share([iv for _, iv, _ in hits])
     temps = [g.temperature_c for g in series if g.temperature_c is not None]
     ev: dict[str, Any] = {
-        "reasons": [name for flag, name in HARD_REASONS if flag in seen]
-        + (["sw_power_cap"] if R.SW_POWER_CAP in seen else []),
+        "reasons": faults.rule_keys(seen),
         "throttled_time_share": share,
         "throttled_samples": len(hits),
         "samples": len(series),
@@ -157,12 +113,13 @@ def _throttle(index: int, series: list[GpuSample], view: RunView, th: Thresholds
     if limit:
         ev["power_limit_w"] = min(limit)
     return Finding(
-        id=f"thermal.throttle.{key}",
+        id=f"thermal.throttle.{rule.key}",
         category=Category.THERMAL,
         severity=severity,
-        title=f"GPU {index} was slowed ({_NAMES[key]}) during {share:.0%} of the run",
+        title=f"GPU {index} was slowed ({rule.name}) during {share:.0%} of the run",
         evidence=ev,
-        fix=_FIX[key],
+        detail=f"{rule.name.capitalize()}: {rule.meaning}.",
+        fix=rule.fix,
         impact=impact,
         subject=f"gpu{index}",
     )
@@ -194,7 +151,7 @@ def _margin(index: int, series: list[GpuSample], th: Thresholds) -> Finding | No
             "temperature_slowdown_c": slowdown,
             "temperature_margin_c": th.temperature_margin_c,
         },
-        fix=_FIX["hw_thermal"],
+        fix=faults.CLOCK_RULE_BY_KEY["hw_thermal"].fix,
         impact=None,
         subject=f"gpu{index}",
     )

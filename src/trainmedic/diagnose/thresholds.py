@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmedic.gpu import faults
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -45,7 +47,7 @@ class Thresholds:
         power_cap_min_share: share of the run's time a power cap must hold clocks
             down to be reported.
         power_cap_clock_ratio: SM clock under this share of its maximum is "well
-            below" (doctor's value).
+            below": a power, board or reliability limit then counts (doctor's value).
         temperature_margin_c: loaded temperature this close to slowdown is a warning.
         stall_factor / stall_floor_s: a stall is a step longer than both
             ``stall_factor`` x median and ``stall_floor_s`` seconds.
@@ -54,6 +56,23 @@ class Thresholds:
         stall_data_share: a stall with at least this share of data wait is a data stall.
         autocast_off_share: share of steps without autocast to call a run full precision.
         mixed_precision_gain: share of GPU-busy time bf16 autocast typically saves.
+        amp_skip_warning_share / amp_skip_error_share: share of the optimizer steps
+            after GradScaler's warm-up that it skipped, for a warning / an error.
+        amp_skip_min: fewer skips after the warm-up are never reported.
+        spare_min_cores: cores left over (usable - the job's useful CPU - others')
+            from which another loader process has room.
+        others_min_cores: others' CPU from which they count as competitors, cores.
+        cpu_wait_warning_share / cpu_wait_error_share: share of the training
+            thread's time waiting for a CPU that is a warning / an error.
+        cpu_wait_info_share: below the warning, a wait from this share is reported
+            for information.
+        loader_starved_share: loading threads (workers, or the training thread
+            with no workers) waiting this share of their time for a CPU are starved.
+        steal_high_pct: hypervisor steal (percent of all cores) that takes a
+            measurable share of the job's CPU.
+        throttled_high_share: share of wall time the job's cgroup was throttled.
+        outside_min_samples: stack samples of time outside the step needed to
+            say what it was.
     """
 
     min_steady_steps: int = 5
@@ -71,15 +90,15 @@ class Thresholds:
     shm_min_bytes: int = 1 * GIB
     gpu_util_low_pct: float = 50.0
     gpu_util_high_pct: float = 80.0
-    gpu_loaded_util_pct: float = 50.0
+    gpu_loaded_util_pct: float = faults.LOADED_UTILIZATION_PCT
     small_batch_samples: int = 32
     gpu_memory_low_share: float = 0.30
     memory_near_full_share: float = 0.95
     foreign_gpu_min_share: float = 0.05
     throttle_error_share: float = 0.25
     power_cap_min_share: float = 0.10
-    power_cap_clock_ratio: float = 0.85
-    temperature_margin_c: float = 5.0
+    power_cap_clock_ratio: float = faults.LIMIT_CLOCK_RATIO
+    temperature_margin_c: float = faults.NEAR_SLOWDOWN_MARGIN_C
     stall_factor: float = 5.0
     stall_floor_s: float = 1.0
     stall_warning_share: float = 0.05
@@ -87,6 +106,18 @@ class Thresholds:
     stall_data_share: float = 0.5
     autocast_off_share: float = 0.9
     mixed_precision_gain: float = 0.4
+    amp_skip_warning_share: float = 0.02
+    amp_skip_error_share: float = 0.5
+    amp_skip_min: int = 5
+    spare_min_cores: float = 0.5
+    others_min_cores: float = 0.5
+    cpu_wait_warning_share: float = 0.05
+    cpu_wait_error_share: float = 0.25
+    cpu_wait_info_share: float = 0.02
+    loader_starved_share: float = 0.20
+    steal_high_pct: float = 5.0
+    throttled_high_share: float = 0.05
+    outside_min_samples: int = 20
 
 
 DEFAULT_THRESHOLDS = Thresholds()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar
 
+from trainmedic.diagnose.cpu_time import CpuTime, measure
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.stats import (
@@ -32,6 +34,7 @@ from trainmedic.record.stats import (
 from trainmedic.record.types import HostSample, LoaderInfo, RunRecord, StepRecord
 
 Interval = tuple[float, float]
+V = TypeVar("V")
 
 #: loader states that do work; ``idle`` and ``ipc_wait`` only say someone else is slow.
 BUSY_STATES = ("transform", "file_read", "socket_wait", "other")
@@ -46,6 +49,13 @@ class RunView:
     summary: RunSummary
     split: StepSplit
     pids: frozenset[int]
+    _memo: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: Hashable, compute: Callable[[], V]) -> V:
+        """``compute()``, once per key: a measure several rules share (with their thresholds)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]  # type: ignore[no-any-return]
 
     @classmethod
     def of(cls, record: RunRecord, machine: MachineFacts | None = None) -> RunView:
@@ -110,6 +120,11 @@ class RunView:
         """Host samples inside the steady part (all of them when none fall inside)."""
         return readings_in(self.record.host, self.window, lambda h: h.t)
 
+    @cached_property
+    def cpu(self) -> CpuTime:
+        """The job's CPU and its threads' waits for a CPU over the steady part."""
+        return measure(self.steady_host)
+
     @property
     def window(self) -> Interval | None:
         s = self.summary
@@ -141,13 +156,45 @@ class RunView:
         """Fewest workers of any process's training loader, or ``None`` without loaders."""
         return min((lo.num_workers for lo in self.train_loaders), default=None)
 
-    def activity(self, window: Interval | None = None) -> Counter[str]:
-        """Loader stack samples per state, over the run or records timed inside ``window``."""
+    def activity(
+        self, window: Interval | None = None, pids: frozenset[int] | None = None
+    ) -> Counter[str]:
+        """Loader stack samples per state, over the run or records timed inside ``window``,
+        of every process or of ``pids``."""
         total: Counter[str] = Counter()
         for a in self.record.loader_activity:
+            if pids is not None and a.pid not in pids:
+                continue
             if window is None or window[0] <= a.t <= window[1]:
                 total.update({k: v for k, v in a.counts.items() if v > 0})
         return total
+
+    @cached_property
+    def roles(self) -> dict[int, str]:
+        """What each probed process said it was: ``process``, ``forked`` or ``worker``."""
+        out: dict[int, str] = {}
+        for e in sorted(self.record.events, key=lambda e: e.t):
+            if e.kind in ("process_start", "process_role") and e.pid is not None:
+                role = e.data.get("role")
+                if isinstance(role, str):
+                    out[e.pid] = role
+        return out
+
+    @cached_property
+    def worker_pids(self) -> frozenset[int]:
+        """DataLoader worker processes."""
+        return frozenset(p for p, role in self.roles.items() if role == "worker")
+
+    @cached_property
+    def loader_pids(self) -> frozenset[int]:
+        """Processes that iterate a DataLoader, and their workers."""
+        return frozenset(lo.pid for lo in self.record.loaders) | self.worker_pids
+
+    def outside_activity(self) -> Counter[str]:
+        """Stack samples of training threads between steps in processes without a
+        DataLoader: what the time outside forward/backward/optimizer went to."""
+        pids = frozenset(a.pid for a in self.record.loader_activity) - self.loader_pids
+        return self.activity(pids=pids)
 
     # --- GPUs -----------------------------------------------------------------------------
 

@@ -19,12 +19,15 @@ class GpuFacts:
         backend: ``nvml``, ``simulated`` or ``none``.
         absent_reason: why no GPU could be read, else ``None``.
         samples: one reading per GPU, in index order.
+        kernel_log: the NVIDIA driver's Xid lines since boot, oldest first;
+            ``None`` when the kernel log cannot be read (it usually needs root).
     """
 
     backend: str
     driver: DriverInfo | None
     samples: tuple[GpuSample, ...]
     absent_reason: str | None = None
+    kernel_log: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

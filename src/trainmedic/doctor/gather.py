@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from trainmedic.doctor.facts import GpuFacts, MachineFacts
 from trainmedic.framework.torch_build import TorchBuild, read_torch_build
 from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none, sample_all
+from trainmedic.gpu.simulated import SimulatedBackend
 from trainmedic.host.gather import gather_host_facts
+from trainmedic.host.kernel_log import read_driver_lines
 from trainmedic.host.netprobe import measure_network
 from trainmedic.host.storage import measure_storage
 from trainmedic.simulation import Simulation, load_simulation
@@ -37,12 +39,19 @@ class DoctorRequest:
 
 
 def gpu_facts(backend: GpuBackend) -> GpuFacts:
-    """One reading of every GPU the backend sees."""
+    """One reading of every GPU the backend sees, and the driver's Xids since boot."""
+    samples = tuple(sample_all(backend))
+    kernel_log: tuple[str, ...] | None = None
+    if isinstance(backend, SimulatedBackend):
+        kernel_log = backend.kernel_log()
+    elif samples:
+        kernel_log = read_driver_lines()
     return GpuFacts(
         backend=backend.kind,
         driver=backend.driver(),
-        samples=tuple(sample_all(backend)),
+        samples=samples,
         absent_reason=backend.absent_reason,
+        kernel_log=kernel_log,
     )
 
 

@@ -73,6 +73,10 @@ class Finding:
         subject: what the finding is about (``gpu0``, ``host``, a path), used
             to group and to tell apart findings with the same id.
         detail: optional longer explanation.
+        apply: what of the fix can be applied without code changes, for
+            ``trainmedic run --apply-from`` (docs/remedies.md), e.g.
+            ``{"dataloader": {"num_workers": 2}}`` or ``{"torch": {"tf32_matmul": True}}``;
+            ``None`` when nothing can.
     """
 
     id: str
@@ -84,6 +88,7 @@ class Finding:
     impact: float | None = None
     subject: str | None = None
     detail: str | None = None
+    apply: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.impact is not None and not (0.0 <= self.impact <= 1.0):
@@ -106,6 +111,8 @@ class Finding:
             out["subject"] = self.subject
         if self.detail is not None:
             out["detail"] = self.detail
+        if self.apply:
+            out["apply"] = _jsonable(dict(self.apply))
         return out
 
     @classmethod
@@ -121,6 +128,7 @@ class Finding:
             impact=None if data.get("impact") is None else float(data["impact"]),
             subject=data.get("subject"),
             detail=data.get("detail"),
+            apply=dict(data["apply"]) if isinstance(data.get("apply"), Mapping) else None,
         )
 
 

@@ -1,14 +1,24 @@
-"""GPU readings behind one seam: NVML (nvidia-ml-py) or a simulation file."""
+"""GPU readings behind one seam (NVML or a simulation file), and what GPU faults mean."""
 
-from trainmedic.gpu.backend import GpuBackend, NoGpuBackend, open_backend, sample_all
+from trainmedic.gpu.backend import (
+    GpuBackend,
+    NoGpuBackend,
+    XidNotice,
+    XidWatch,
+    open_backend,
+    sample_all,
+)
 from trainmedic.gpu.types import (
     ClockEventReason,
     DriverInfo,
     EccCounts,
     GpuProcess,
+    GpuRef,
     GpuSample,
+    MigDevice,
     PcieLink,
     RemappedRows,
+    normalize_pci_bus_id,
 )
 
 __all__ = [
@@ -17,10 +27,15 @@ __all__ = [
     "EccCounts",
     "GpuBackend",
     "GpuProcess",
+    "GpuRef",
     "GpuSample",
+    "MigDevice",
     "NoGpuBackend",
     "PcieLink",
     "RemappedRows",
+    "XidNotice",
+    "XidWatch",
+    "normalize_pci_bus_id",
     "open_backend",
     "sample_all",
 ]

@@ -7,9 +7,38 @@ package imports NVML.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from trainmedic.gpu.types import DriverInfo, GpuSample
+
+
+@dataclass(frozen=True)
+class XidNotice:
+    """An Xid the driver reported while it was watched.
+
+    Attributes:
+        code: the Xid.
+        gpu_index: NVML index of the GPU, when the source names it.
+        line: the kernel log line, when the source is the log (it names the
+            PCI bus, the process and the details), else ``None``.
+        gpu_instance: MIG GPU instance, when known.
+    """
+
+    code: int
+    gpu_index: int | None = None
+    line: str | None = None
+    gpu_instance: int | None = None
+
+
+class XidWatch(Protocol):
+    """Xids as they happen, from the driver."""
+
+    def wait(self, timeout_s: float) -> list[XidNotice]:
+        """Xids reported since the last call, waiting up to ``timeout_s`` for one."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class GpuBackend(Protocol):
@@ -37,6 +66,10 @@ class GpuBackend(Protocol):
         """Read GPU ``index`` now. Unsupported readings come back as ``None``."""
         ...
 
+    def xid_watch(self) -> XidWatch | None:
+        """The driver's Xid events from now on, or ``None`` when they cannot be had."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -62,6 +95,9 @@ class NoGpuBackend:
 
     def sample(self, index: int) -> GpuSample:
         raise IndexError(f"no GPU {index}: {self._reason}")
+
+    def xid_watch(self) -> XidWatch | None:
+        return None
 
     def close(self) -> None:
         return None

@@ -9,23 +9,28 @@ the injected clock, so a whole run can be replayed.
 
 from __future__ import annotations
 
-import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainmedic import jsonfile
 from trainmedic.errors import SimulationFileError
+from trainmedic.gpu.backend import XidNotice, XidWatch
+from trainmedic.gpu.faults import GPU_AT_RE, parse_xid_line
 from trainmedic.gpu.types import (
     ClockEventReason,
     DriverInfo,
     EccCounts,
     GpuProcess,
     GpuSample,
+    MigDevice,
     PcieLink,
     RemappedRows,
+    normalize_pci_bus_id,
 )
 
 Clock = Callable[[], float]
@@ -47,6 +52,9 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "clock_event_reasons": (int,),
     "retired_pages_pending": (bool,),
     "persistence_mode": (bool,),
+    "mig_mode": (bool,),
+    "processes_unreadable": (str,),
+    "unreachable": (str,),
 }
 _GROUPS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
     "ecc": (
@@ -89,9 +97,20 @@ _KNOWN_GPU_KEYS = (
         "uuid",
         "processes",
         "compute_capability",
+        "pci_bus_id",
+        "mig_devices",
+        "kernel_log",
         "series",
     }
 )
+_MIG_FIELDS: dict[str, tuple[type, ...]] = {
+    "uuid": (str,),
+    "gpu_instance_id": (int,),
+    "compute_instance_id": (int,),
+    "memory_total_bytes": (int,),
+    "memory_used_bytes": (int,),
+}
+_PCI_RE = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?$")
 
 
 class SimulatedBackend:
@@ -104,8 +123,13 @@ class SimulatedBackend:
         series: Sequence[Sequence[tuple[float, Mapping[str, Any]]]],
         clock: Clock = time.monotonic,
         source: str = "<memory>",
+        kernel_log: Sequence[Sequence[tuple[float, str]]] = (),
     ) -> None:
         self._driver = driver
+        # (seconds, GPU index, driver line), in time order.
+        self._kernel_log = sorted(
+            (t, i, line) for i, lines in enumerate(kernel_log) for t, line in lines
+        )
         self._gpus = list(gpus)
         self._series = [list(s) for s in series] + [[] for _ in range(len(gpus) - len(series))]
         self._clock = clock
@@ -135,11 +159,13 @@ class SimulatedBackend:
             raise SimulationFileError(source, "driver", "GPUs are listed but the driver is null")
         gpus: list[GpuSample] = []
         series: list[list[tuple[float, Mapping[str, Any]]]] = []
+        logs: list[list[tuple[float, str]]] = []
         for i, raw in enumerate(gpus_raw):
             gpu, steps = parser.gpu(i, raw)
             gpus.append(gpu)
             series.append(steps)
-        return cls(driver, gpus, series, clock=clock, source=source)
+            logs.append(parser.kernel_log(f"gpus[{i}].kernel_log", raw.get("kernel_log", [])))
+        return cls(driver, gpus, series, clock=clock, source=source, kernel_log=logs)
 
     @property
     def kind(self) -> str:
@@ -173,6 +199,41 @@ class SimulatedBackend:
             gpu = _apply(gpu, overrides)
         return replace(gpu, timestamp=self._wall_start + elapsed)
 
+    def kernel_log(self) -> tuple[str, ...]:
+        """Every driver line of the simulated kernel log (doctor reads "since boot")."""
+        return tuple(line for _, _, line in self._kernel_log)
+
+    def xid_watch(self) -> XidWatch | None:
+        """The simulated kernel log's lines as they fall due on the backend's clock."""
+        if not self._kernel_log:
+            return None
+        return _SimulatedXidWatch(self)
+
+    def _due(self, after: int) -> tuple[int, list[XidNotice]]:
+        elapsed = self._clock() - self._start
+        out: list[XidNotice] = []
+        n = after
+        while n < len(self._kernel_log) and self._kernel_log[n][0] <= elapsed:
+            t, index, line = self._kernel_log[n]
+            event = parse_xid_line(line)
+            if event is not None and t >= 0:  # lines from before the start are history
+                out.append(XidNotice(event.code, index, line, event.gpu_instance))
+            n += 1
+        return n, out
+
+    def close(self) -> None:
+        return None
+
+
+class _SimulatedXidWatch:
+    def __init__(self, backend: SimulatedBackend) -> None:
+        self._backend = backend
+        self._next = 0
+
+    def wait(self, timeout_s: float) -> list[XidNotice]:
+        self._next, due = self._backend._due(self._next)
+        return due
+
     def close(self) -> None:
         return None
 
@@ -180,21 +241,29 @@ class SimulatedBackend:
 _MISSING: Any = object()
 
 
+SIMULATION_MAX_BYTES = 16 * 1024 * 1024
+"""Largest simulation file read, bytes (the bundled ones are a few KiB)."""
+
+
+def _finite(value: float) -> bool:
+    """A number a reading can hold: finite, and an integer no larger than NVML's 64 bits."""
+    if isinstance(value, int):
+        return abs(value) <= 2**64
+    return math.isfinite(value)
+
+
 def load_simulation_json(path: str | Path) -> dict[str, Any]:
-    """Read and parse a simulation file; errors name the file."""
-    p = Path(path)
+    """Read and parse a simulation file (at most 16 MiB, nesting at most 64 deep);
+    errors name the file."""
     try:
-        text = p.read_text(encoding="utf-8")
+        data = jsonfile.read_json(path, max_bytes=SIMULATION_MAX_BYTES)
     except FileNotFoundError:
         raise SimulationFileError(str(path), None, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimulationFileError(str(path), None, f"cannot be read ({exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SimulationFileError(
-            str(path), None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+        raise SimulationFileError(str(path), None, problem) from None
+    except ValueError as exc:
+        raise SimulationFileError(str(path), None, jsonfile.describe(exc)) from None
     if not isinstance(data, dict):
         raise SimulationFileError(str(path), None, "expected a JSON object at the top level")
     return data
@@ -207,7 +276,22 @@ def _apply(gpu: GpuSample, overrides: Mapping[str, Any]) -> GpuSample:
             changes[key] = replace(getattr(gpu, key), **value)
         else:
             changes[key] = value
-    return replace(gpu, **changes)
+    return _lost_if_unreachable(replace(gpu, **changes))
+
+
+def _lost_if_unreachable(gpu: GpuSample) -> GpuSample:
+    """An unreachable GPU answers nothing: only the identities read before remain
+    (as the NVML backend reports a GPU lost from the bus)."""
+    if gpu.unreachable is None:
+        return gpu
+    return GpuSample(
+        timestamp=gpu.timestamp,
+        index=gpu.index,
+        name=gpu.name,
+        uuid=gpu.uuid,
+        pci_bus_id=gpu.pci_bus_id,
+        unreachable=gpu.unreachable,
+    )
 
 
 class _Parser:
@@ -262,8 +346,10 @@ class _Parser:
         unknown = sorted(set(raw) - _KNOWN_GPU_KEYS)
         if unknown:
             raise self.fail(f"{where}.{unknown[0]}", "unknown field")
-        fields = self.readings(where, {k: v for k, v in raw.items() if k != "series"})
-        gpu = GpuSample(timestamp=0.0, index=i, **fields)
+        fields = self.readings(
+            where, {k: v for k, v in raw.items() if k not in ("series", "kernel_log")}
+        )
+        gpu = _lost_if_unreachable(GpuSample(timestamp=0.0, index=i, **fields))
         self.check_consistent(where, gpu)
         current = gpu
         steps: list[tuple[float, Mapping[str, Any]]] = []
@@ -276,13 +362,13 @@ class _Parser:
             if not isinstance(entry, dict):
                 raise self.fail(at, "expected an object")
             t = entry.get("t")
-            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0 or not _finite(t):
                 raise self.fail(f"{at}.t", "expected seconds >= 0")
             if t < last_t:
                 raise self.fail(f"{at}.t", "series entries must be in time order")
             last_t = float(t)
             rest = {k: v for k, v in entry.items() if k != "t"}
-            bad = sorted(set(rest) - (_KNOWN_GPU_KEYS - {"name", "uuid", "series"}))
+            bad = sorted(set(rest) - (_KNOWN_GPU_KEYS - {"name", "uuid", "series", "kernel_log"}))
             if bad:
                 raise self.fail(f"{at}.{bad[0]}", "unknown or unchangeable field")
             overrides = self.readings(at, rest, partial_groups=True)
@@ -316,7 +402,61 @@ class _Parser:
                 out[key] = self.processes(at, value)
             elif key == "compute_capability":
                 out[key] = self.version_pair(at, value)
+            elif key == "pci_bus_id":
+                out[key] = self.pci_bus_id(at, value)
+            elif key == "mig_devices":
+                out[key] = self.mig_devices(at, value)
         return out
+
+    def kernel_log(self, at: str, value: Any) -> list[tuple[float, str]]:
+        """Driver lines as ``"line"`` (logged before the start) or ``{"t": s, "line": ...}``."""
+        if not isinstance(value, list):
+            raise self.fail(at, 'expected a list of lines or {"t": seconds, "line": ...} entries')
+        out: list[tuple[float, str]] = []
+        for k, entry in enumerate(value):
+            where = f"{at}[{k}]"
+            line: Any
+            if isinstance(entry, str):
+                t, line = -1.0, entry  # logged before the backend started
+            elif isinstance(entry, dict) and set(entry) <= {"t", "line"}:
+                t, line = entry.get("t", 0.0), entry.get("line")
+                if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+                    raise self.fail(f"{where}.t", "expected seconds >= 0")
+            else:
+                raise self.fail(where, 'expected a line or {"t": seconds, "line": ...}')
+            if not isinstance(line, str) or (
+                parse_xid_line(line) is None and GPU_AT_RE.search(line) is None
+            ):
+                raise self.fail(
+                    where, 'expected an Xid line such as "NVRM: Xid (PCI:0000:3b:00): 79, ..."'
+                )
+            out.append((float(t), line))
+        return out
+
+    def pci_bus_id(self, at: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _PCI_RE.match(value.strip()):
+            raise self.fail(at, f'expected a PCI bus id such as "0000:3b:00.0", got {value!r}')
+        return normalize_pci_bus_id(value)
+
+    def mig_devices(self, at: str, value: Any) -> tuple[MigDevice, ...]:
+        if not isinstance(value, list):
+            raise self.fail(at, "expected a list of MIG instances")
+        out = []
+        for k, raw in enumerate(value):
+            where = f"{at}[{k}]"
+            if not isinstance(raw, dict):
+                raise self.fail(where, "expected an object")
+            bad = sorted(set(raw) - set(_MIG_FIELDS))
+            if bad:
+                raise self.fail(f"{where}.{bad[0]}", "unknown field")
+            fields = {
+                name: self.scalar(f"{where}.{name}", raw.get(name), kinds)
+                for name, kinds in _MIG_FIELDS.items()
+            }
+            out.append(MigDevice(**fields))
+        return tuple(out)
 
     def scalar(self, at: str, value: Any, kinds: tuple[type, ...]) -> Any:
         if value is None:
@@ -327,8 +467,8 @@ class _Parser:
             raise self.fail(at, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
-        if not math.isfinite(value):
-            raise self.fail(at, "must be a finite number")
+        if not _finite(value):
+            raise self.fail(at, "must be a finite number (at most 2**64)")
         if value < 0:
             raise self.fail(at, "must not be negative")
         if at.endswith("_pct") and value > 100:

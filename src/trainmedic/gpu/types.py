@@ -13,7 +13,9 @@ from enum import IntFlag
 class ClockEventReason(IntFlag):
     """NVML's clock event (formerly "throttle") reason bits.
 
-    Values are NVML's ``nvmlClocksEventReason*`` constants.
+    Values are NVML's ``nvmlClocksEventReason*`` constants (``BOARD_LIMIT`` and
+    ``RELIABILITY`` came with R550-era drivers). What each means for training,
+    and when it counts, is :mod:`trainmedic.gpu.faults`.
     """
 
     NONE = 0
@@ -26,6 +28,8 @@ class ClockEventReason(IntFlag):
     HW_THERMAL_SLOWDOWN = 0x40
     HW_POWER_BRAKE_SLOWDOWN = 0x80
     DISPLAY_CLOCK_SETTING = 0x100
+    BOARD_LIMIT = 0x200
+    RELIABILITY = 0x400
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,25 @@ class EccCounts:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU in MIG mode.
+
+    Attributes:
+        uuid: ``MIG-...`` UUID (what ``CUDA_VISIBLE_DEVICES`` may name), or
+            ``None`` when unreadable.
+        gpu_instance_id / compute_instance_id: NVML's instance ids (the
+            ``GPU-I:`` of a MIG Xid line), ``None`` when unreadable.
+        memory_total_bytes / memory_used_bytes: the instance's own memory.
+    """
+
+    uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuSample:
     """One reading of one GPU at one moment.
 
@@ -98,14 +121,25 @@ class GpuSample:
         utilization_memory_pct: share of time device memory was read or written.
         clock_event_reasons: raw NVML bitmask, see :class:`ClockEventReason`.
         compute_capability: ``(major, minor)``, e.g. ``(9, 0)`` for H100.
+        uuid: ``GPU-...`` UUID; ``None`` when the driver could not tell (a GPU
+            lost before it was ever read). Never made up: it may end up in
+            ``CUDA_VISIBLE_DEVICES``.
         unreachable: why the driver could not reach this GPU at all (fallen off
-            the bus, lost), else ``None``; every reading is then ``None``.
+            the bus, lost, needs a reset), else ``None``; every reading is then
+            ``None`` and only identities read earlier remain.
+        pci_bus_id: PCI address as ``0000:3b:00.0`` (what Xid lines name).
+        mig_mode: MIG mode is on (``True``), off (``False``), or unknown or not
+            supported by this GPU (``None``).
+        mig_devices: the MIG instances, when MIG is on and they could be read.
+        processes_unreadable: why the process list could not be read (MIG
+            without privileges, no permission); ``processes`` is then empty and
+            means *unknown*, not *none*. ``None`` when it was read.
     """
 
     timestamp: float
     index: int
     name: str
-    uuid: str
+    uuid: str | None
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     utilization_gpu_pct: float | None = None
@@ -126,6 +160,10 @@ class GpuSample:
     persistence_mode: bool | None = None
     compute_capability: tuple[int, int] | None = None
     unreachable: str | None = None
+    pci_bus_id: str | None = None
+    mig_mode: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+    processes_unreadable: str | None = None
 
     @property
     def memory_free_bytes(self) -> int | None:
@@ -137,6 +175,16 @@ class GpuSample:
     def reasons(self) -> ClockEventReason:
         """The clock event reasons as flags (``NONE`` when unsupported)."""
         return ClockEventReason(self.clock_event_reasons or 0)
+
+    @property
+    def known_processes(self) -> tuple[GpuProcess, ...] | None:
+        """The compute processes, or ``None`` when they could not be read."""
+        return None if self.processes_unreadable is not None else self.processes
+
+    @property
+    def ref(self) -> GpuRef:
+        """This GPU by every identity the reading knows."""
+        return GpuRef(index=self.index, uuid=self.uuid or None, pci_bus_id=self.pci_bus_id)
 
 
 @dataclass(frozen=True)
@@ -150,3 +198,45 @@ class DriverInfo:
 
     version: str | None
     cuda_version: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """A GPU named by any of its identities (whichever the evidence gives).
+
+    Attributes:
+        index: NVML index (``nvidia-smi`` order, PCI bus order).
+        uuid: ``GPU-...`` UUID.
+        pci_bus_id: PCI address, normalised to ``0000:3b:00.0`` form, lower case.
+    """
+
+    index: int | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+
+    def __str__(self) -> str:
+        if self.index is not None:
+            return f"gpu{self.index}"
+        return self.uuid or self.pci_bus_id or "gpu?"
+
+    def same_gpu(self, other: GpuRef) -> bool:
+        """True when any identity both sides know is equal."""
+        if self.uuid and other.uuid:
+            return self.uuid.lower() == other.uuid.lower()
+        if self.pci_bus_id and other.pci_bus_id:
+            return normalize_pci_bus_id(self.pci_bus_id) == normalize_pci_bus_id(other.pci_bus_id)
+        return self.index is not None and self.index == other.index
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """``00000000:3B:00.0`` (NVML), ``0000:3b:00`` (Xid), ``3b:00.0`` -> ``0000:3b:00.0``."""
+    text = bus_id.strip().lower()
+    parts = text.split(":")
+    if len(parts) == 2:  # bus:device.function without a domain
+        parts.insert(0, "0000")
+    domain = parts[0][-4:].rjust(4, "0")
+    bus = parts[1].rjust(2, "0")
+    device_function = parts[2] if len(parts) > 2 else "00"
+    if "." not in device_function:
+        device_function += ".0"
+    return f"{domain}:{bus}:{device_function}"

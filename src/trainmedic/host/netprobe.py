@@ -125,7 +125,10 @@ def parse_target(target: str) -> tuple[str, str, int, str]:
     if not target or any(c.isspace() for c in target) or not target.isprintable():
         raise bad("must not be empty or contain spaces or control characters")
     if "://" in target:
-        parts = urllib.parse.urlsplit(target)
+        try:
+            parts = urllib.parse.urlsplit(target)
+        except ValueError as exc:  # "Invalid IPv6 URL", a bad port spec, ...
+            raise bad(" ".join(str(exc).split()).lower() or "not a URL") from None
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS:
             raise bad(f"unsupported scheme {parts.scheme!r} (use http://, https:// or host:port)")
@@ -153,7 +156,8 @@ def parse_target(target: str) -> tuple[str, str, int, str]:
             raise bad("brackets must hold an IPv6 address") from None
     elif not _valid_host(host):
         raise bad("no valid host name")
-    port = int(match.group("port"))
+    digits = match.group("port")
+    port = int(digits) if len(digits) <= 5 else 0
     if not 1 <= port <= 65535:
         raise bad("port must be a number from 1 to 65535")
     return "tcp", host, port, ""

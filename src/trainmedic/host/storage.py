@@ -112,7 +112,10 @@ def validate_data_dir(path: str) -> Path:
     Unusable: missing, not a directory, or not listable by this user.
     """
     where = f"data directory {_shown(path)}"
-    p = Path(path).expanduser()
+    try:
+        p = Path(path).expanduser()
+    except RuntimeError:  # ~user of a user that does not exist
+        raise InputError(f"{where}: does not exist (no such user's home)") from None
     try:
         st = os.stat(p)
     except FileNotFoundError:

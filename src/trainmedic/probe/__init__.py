@@ -1,7 +1,9 @@
 """The probe: runs inside every Python process of the job, loaded with no code change.
 
-``trainmedic run`` puts :mod:`trainmedic.probe.bootstrap` first on the job's
-``PYTHONPATH``; its ``sitecustomize`` calls :func:`trainmedic.probe.runtime.activate`,
+The start-up hook installed with trainmedic (``trainmedic-probe.pth``) or, for
+interpreters of other environments, the ``sitecustomize`` of
+:mod:`trainmedic.probe.bootstrap` that ``trainmedic run`` puts first on the
+job's ``PYTHONPATH`` calls :func:`trainmedic.probe.runtime.activate` (once),
 which waits for the job to import torch and then hooks optimizer steps,
 module calls, backward calls and DataLoaders. Records go to the supervisor
 over :mod:`trainmedic.channel`. docs/run.md describes what is measured and how.

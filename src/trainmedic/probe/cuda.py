@@ -1,10 +1,17 @@
 """GPU time per step from CUDA events, read without adding synchronisation.
 
 When the job has initialised CUDA (the probe never does), an event is
-recorded on the current stream when a step's first compute begins and
-another when the step ends. The step's record waits in a queue until
-``event.query()`` says its end event has completed on the GPU - checked at
-later step ends, never waited for - so the GPU is never stalled for us.
+recorded when a step's first compute begins and another when the step ends,
+on the current stream of the device the step's tensors live on (the
+optimizer's parameters tell it: a job on ``cuda:1`` without ``set_device``
+would otherwise be timed on device 0's idle stream). The step's record
+waits in a queue until ``event.query()`` says its end event has completed
+on the GPU - checked at later step ends, never waited for - so the GPU is
+never stalled for us.
+
+While a CUDA graph is being captured (``torch.cuda.graph``, also around
+``optimizer.step()``), nothing CUDA-side happens: recording or querying an
+event then would invalidate the job's capture.
 
 From the two events: ``gpu_time_s`` is the GPU time from the step's first
 compute to its end. For a step that fetched no DataLoader batch, the time
@@ -97,6 +104,17 @@ class CudaSteps:
         self._pending: deque[_Pending] = deque()
         self._prev_end: Any = None
         self._alloc_next = 0.0
+        self._device: Any = None
+        self.captures = 0
+        """Graph captures in progress that :mod:`trainmedic.probe.graphs` saw begin."""
+
+    def use_device(self, device: Any) -> None:
+        """Time steps on ``device`` (a CUDA ``torch.device``) from now on."""
+        self._device = device
+
+    def capturing(self) -> bool:
+        """A CUDA graph capture is in progress: no CUDA call may be made now."""
+        return self.captures > 0 or bool(self._cuda.is_current_stream_capturing())
 
     def reset(self) -> None:
         """Forget the parent's events (in a forked child, where CUDA is unusable)."""
@@ -110,18 +128,23 @@ class CudaSteps:
         if not self._part.on:
             return False
         if not self._ready:
-            if not self._cuda.is_initialized():
+            # Not during a capture either: on_ready asks CUDA about the devices.
+            if not self._cuda.is_initialized() or self.capturing():
                 return False
             self._ready = True
             self._on_ready()
         return True
 
     def _record_event(self) -> object | None:
-        if self._cuda.is_current_stream_capturing():
+        if self.capturing():
             return None  # recording a timing event would break the graph capture
-        event: object = self._cuda.Event(enable_timing=True)
-        event.record()  # type: ignore[attr-defined]
-        return event
+        event: Any = self._cuda.Event(enable_timing=True)
+        if self._device is None:
+            event.record()
+        else:
+            event.record(self._cuda.current_stream(self._device))
+        recorded: object = event
+        return recorded
 
     # --- the StepListener side --------------------------------------------------------------
 
@@ -144,14 +167,16 @@ class CudaSteps:
             self._finish(draft, None, None)
             return
         try:
-            end = self._record_event()
-            alloc = self._maybe_alloc(draft.t_end)
+            capturing = self.capturing()
+            end = None if capturing else self._record_event()
+            alloc = None if capturing else self._maybe_alloc(draft.t_end)
             self._pending.append(
                 _Pending(draft, draft.start_marker, end, self._prev_end, alloc, self._clock())
             )
             if end is not None:
                 self._prev_end = end
-            self.poll()
+            if not capturing:  # event queries are illegal during capture
+                self.poll()
         except Exception as exc:
             self._fail(exc)
             if not any(p.draft is draft for p in self._pending):

@@ -407,6 +407,10 @@ class Probe:
             self.cuda = CudaSteps(torch, self.parts["cuda"], self._finish_step, self._cuda_ready)
             tracker.listener = self.cuda
         torch_hooks.install(torch, self)
+        if os.environ.get("TRAINMEDIC_APPLY"):  # trainmedic run --apply-from
+            from trainmedic.probe import apply  # never raises: its errors become events
+
+            apply.install(torch, self)
         self.emit(self._torch_info(torch, cuda_ready=False))
 
     def _torch_info(self, torch: Any, cuda_ready: bool) -> TorchInfo:
@@ -689,6 +693,8 @@ class Probe:
             while True:
                 stopping = stop.is_set()
                 now = time.monotonic()
+                if not stopping:
+                    self._sample_main()
                 if not stopping and now >= next_heartbeat:
                     next_heartbeat = now + HEARTBEAT_S
                     self._heartbeat()
@@ -705,6 +711,25 @@ class Probe:
             # stop reporting; the job goes on.
             self.failed = True
             self.outbox.clear()
+            try:
+                self._go_quiet()
+            except Exception:
+                return
+
+    def _sample_main(self) -> None:
+        """One sample of the training thread for the next heartbeat
+        (:mod:`trainmedic.probe.liveness`)."""
+        if not self.parts["heartbeat"].on:
+            return
+        try:
+            samples = self.__dict__.get("_liveness")
+            if samples is None or samples[0] != self.pid:  # new, or inherited by a fork
+                from trainmedic.probe.liveness import ThreadSamples
+
+                samples = self.__dict__["_liveness"] = (self.pid, ThreadSamples())
+            samples[1].sample()
+        except Exception as exc:
+            self.parts["heartbeat"].fail(exc)
 
     def _watch_forward(self, now: float) -> None:
         """Ask the forward watch to look for new root modules (it acts at the training
@@ -734,16 +759,15 @@ class Probe:
             return
         try:
             from trainmedic.channel.wire import Heartbeat
+            from trainmedic.probe.liveness import describe_frame, main_frame
 
             part.check()
             ident = self.state.worker_ident if self.role == "worker" else self.state.training_ident
-            frame = sys._current_frames().get(ident) if ident is not None else None
-            stack: list[str] = []
-            while frame is not None and len(stack) < HEARTBEAT_FRAMES:
-                code = frame.f_code
-                stack.append(f"{_short_name(code.co_filename)}:{frame.f_lineno} {code.co_name}")
-                frame = frame.f_back
-            del frame
+            stack, modules, calls, op = describe_frame(
+                main_frame(ident), HEARTBEAT_FRAMES, _short_name
+            )
+            samples = self.__dict__.get("_liveness")
+            counts = samples[1].take() if samples is not None and samples[0] == self.pid else (0, 0)
             tracker = self.tracker
             self.outbox.append(
                 Heartbeat(
@@ -752,9 +776,15 @@ class Probe:
                     steps=0 if tracker is None else tracker.train_steps,
                     phase="train" if tracker is None else tracker.phase,
                     activity="other" if tracker is None else tracker.activity,
-                    stack=tuple(stack),
+                    stack=stack,
                     cpu_s=time.process_time(),
                     work=0 if tracker is None else tracker.work,
+                    modules=modules,
+                    calls=calls,
+                    op=op,
+                    samples=counts[0],
+                    gil_busy=counts[1],
+                    probe_tid=threading.get_native_id(),
                 )
             )
         except Exception as exc:
@@ -773,6 +803,9 @@ class Probe:
             python=sys.version.split()[0],
             executable=sys.executable,
             t=self.started_at,
+            node=os.uname().nodename,
+            node_rank=_env_int("GROUP_RANK"),
+            world_size=_env_int("WORLD_SIZE"),
         )
         return encode_message(hello, token=self.config.token)
 
@@ -831,3 +864,16 @@ class Probe:
         else:
             self.failed = True
             outbox.clear()
+            self._go_quiet()
+
+    def _go_quiet(self) -> None:
+        """The supervisor is gone (its socket broke, e.g. it was killed): switch every
+        part off, so each hook costs one attribute read and the job pays nothing more."""
+        for part in self.parts.by_name.values():
+            part.on = False
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            try:
+                sampler.stop()
+            except Exception:
+                return  # its thread ends with the process anyway

@@ -342,6 +342,17 @@ _CALL_OPS = frozenset(
         "PRECALL",
     }
 )
+def classify_for_role(frames: Sequence[FrameInfo], role: str) -> str:
+    """:func:`classify`, except for the training thread between steps without a
+    DataLoader (``role == "self"``): there the loop's own work is named (sleep,
+    logging, syncs...) instead of all of it being called data preparation."""
+    if role == "self":
+        from trainmedic.probe.host_states import classify_outside
+
+        return classify_outside(frames)
+    return classify(frames, role)
+
+
 _code_cache: dict[CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
 _callee_cache: dict[tuple[CodeType, int], tuple[str, ...]] = {}
 _CACHE_MAX = 4096
@@ -446,7 +457,7 @@ class ActivityAggregate:
         self.frames: Counter[str] = Counter()
 
     def add(self, frames: Sequence[FrameInfo], role: str) -> str:
-        state = classify(frames, role)
+        state = classify_for_role(frames, role)
         self.add_classified(state, frame_key(frames) if state != "idle" else "")
         return state
 
@@ -462,6 +473,7 @@ class ActivityAggregate:
         if not self.counts:
             return None
         counts = {s: self.counts.get(s, 0) for s in STATES}
+        counts.update({s: n for s, n in self.counts.items() if s not in counts})
         top = dict(self.frames.most_common(TOP_FRAMES))
         self.counts = Counter()
         self.frames = Counter()
@@ -485,7 +497,7 @@ class StackCache:
         known = self._known.get(signature)
         if known is None:
             frames = read_frames(frame)
-            state = classify(frames, role)
+            state = classify_for_role(frames, role)
             known = (state, frame_key(frames) if state != "idle" else "")
             if len(self._known) >= self._size:
                 self._known.clear()

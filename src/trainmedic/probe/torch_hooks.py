@@ -55,7 +55,9 @@ def install(torch: Any, probe: Probe) -> list[str]:
             installed.append(name)
         except Exception as exc:
             part.fail(exc)
-    return installed
+    from trainmedic.probe.graphs import install_step_extras  # GradScaler, CUDA graphs
+
+    return installed + install_step_extras(torch, probe)
 
 
 def uninstall(probe: Probe) -> None:

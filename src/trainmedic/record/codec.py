@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from trainmedic.gpu.types import EccCounts, GpuProcess, GpuSample, RemappedRows
+from trainmedic.gpu.types import EccCounts, GpuProcess, GpuSample, MigDevice, RemappedRows
 from trainmedic.record.types import (
     HostSample,
     LoaderActivity,
@@ -219,6 +219,17 @@ HOST_KEYS: dict[str, str] = {
     "swap_used_bytes": "su",
     "others_cpu_pct": "oc",
     "cgroup_throttled_s": "ct",
+    "steal_pct": "sp",
+    "train_threads": "tn",
+    "train_cpu_cores": "tr",
+    "train_wait_cores": "tw",
+    "train_wait_max_share": "tm",
+    "helper_cpu_cores": "hr",
+    "helper_wait_cores": "hw",
+    "loader_cpu_cores": "lr",
+    "loader_wait_cores": "lw",
+    "job_wait_cores": "jw",
+    "job_threads": "jt",
 }
 _HOST_REQUIRED = (
     "t",
@@ -231,6 +242,19 @@ _HOST_REQUIRED = (
     "swap_used_bytes",
 )
 _HOST_INTS = ("job_rss_bytes", "job_processes", "mem_available_bytes", "swap_used_bytes")
+_HOST_OPT_INTS = ("train_threads", "job_threads")
+# Cores and shares of the job's threads: a millicore is far below their noise.
+_HOST_CORES = (
+    "train_cpu_cores",
+    "train_wait_cores",
+    "train_wait_max_share",
+    "helper_cpu_cores",
+    "helper_wait_cores",
+    "loader_cpu_cores",
+    "loader_wait_cores",
+    "job_wait_cores",
+)
+_CORE_DIGITS = 3
 _HOST_RATES = (
     "disk_read_bytes_per_s",
     "disk_write_bytes_per_s",
@@ -250,7 +274,9 @@ def encode_host(h: HostSample) -> dict[str, Any]:
             value = _round(value, _TIME_DIGITS)
         elif name in _HOST_RATES:
             value = _round(value, 0)
-        elif name not in _HOST_INTS:
+        elif name in _HOST_CORES:
+            value = _round(value, _CORE_DIGITS)
+        elif name not in _HOST_INTS and name not in _HOST_OPT_INTS:
             value = _round(value, _PCT_DIGITS)
         out[key] = value
     return out
@@ -262,6 +288,8 @@ def decode_host(obj: Mapping[str, Any]) -> HostSample:
         if name in _HOST_REQUIRED:
             raw = obj[key]
             values[name] = _int(raw) if name in _HOST_INTS else float(raw)
+        elif name in _HOST_OPT_INTS:
+            values[name] = _opt_int(obj.get(key))
         else:
             values[name] = _opt_float(obj.get(key))
     return HostSample(**values)
@@ -384,6 +412,11 @@ GPU_KEYS: dict[str, str] = {
     "processes": "pr",
     "persistence_mode": "pm",
     "compute_capability": "cc",
+    "pci_bus_id": "pci",
+    "mig_mode": "mig",
+    "mig_devices": "migd",
+    "processes_unreadable": "pru",
+    "unreachable": "un",
 }
 _ECC = (
     "volatile_corrected",
@@ -395,9 +428,21 @@ _ROWS = ("correctable", "uncorrectable", "pending", "failure")
 _LINK = ("gen_current", "gen_max", "gen_gpu_max", "width_current", "width_max")
 _TRAFFIC = ("tx_kib_per_s", "rx_kib_per_s")
 _PROC = ("pid", "used_memory_bytes", "user", "name")
+_MIG = (
+    "uuid",
+    "gpu_instance_id",
+    "compute_instance_id",
+    "memory_total_bytes",
+    "memory_used_bytes",
+)
+_GPU_TEXTS = ("name", "uuid", "pci_bus_id", "processes_unreadable", "unreachable")
 _GPU_SCALARS = (
     "name",
     "uuid",
+    "pci_bus_id",
+    "processes_unreadable",
+    "unreachable",
+    "mig_mode",
     "memory_total_bytes",
     "memory_used_bytes",
     "utilization_gpu_pct",
@@ -438,6 +483,7 @@ def _gpu_fields(s: GpuSample) -> dict[str, Any]:
     out["pcie_traffic"] = [getattr(s.pcie, n) for n in _TRAFFIC]
     out["processes"] = [[getattr(p, n) for n in _PROC] for p in s.processes]
     out["compute_capability"] = None if s.compute_capability is None else list(s.compute_capability)
+    out["mig_devices"] = [[getattr(m, n) for n in _MIG] for m in s.mig_devices]
     return out
 
 
@@ -467,7 +513,7 @@ class GpuSampleEncoder:
         out: dict[str, Any] = {"t": _round(s.timestamp, _TIME_DIGITS), "i": s.index}
         for name, value in current.items():
             if previous is None:
-                if _empty(value) or (name == "processes" and not value):
+                if _empty(value) or (name in ("processes", "mig_devices") and not value):
                     continue
             elif previous[name] == value:
                 continue
@@ -487,20 +533,22 @@ class GpuSampleDecoder:
         index = _int(obj[k["index"]])
         base = self._last.get(index)
         if base is None:
-            if k["name"] not in obj or k["uuid"] not in obj:
-                raise KeyError("first line of a GPU needs 'nm' and 'id'")
-            base = GpuSample(timestamp=0.0, index=index, name="", uuid="")
+            if k["name"] not in obj:
+                raise KeyError("first line of a GPU needs 'nm'")
+            base = GpuSample(timestamp=0.0, index=index, name="", uuid=None)
         changes: dict[str, Any] = {"timestamp": float(obj[k["timestamp"]])}
         for name in _GPU_SCALARS:
             key = k[name]
             if key not in obj:
                 continue
             raw = obj[key]
-            if name in ("name", "uuid"):
+            if name == "name":
                 changes[name] = _str(raw)
+            elif name in _GPU_TEXTS:
+                changes[name] = None if raw is None else _str(raw)
             elif name in ("memory_total_bytes", "memory_used_bytes", "clock_event_reasons"):
                 changes[name] = _opt_int(raw)
-            elif name in ("retired_pages_pending", "persistence_mode"):
+            elif name in ("retired_pages_pending", "persistence_mode", "mig_mode"):
                 changes[name] = _opt_bool(raw)
             else:
                 changes[name] = _opt_float(raw)
@@ -521,6 +569,8 @@ class GpuSampleDecoder:
         changes["pcie"] = pcie
         if k["processes"] in obj:
             changes["processes"] = tuple(_process(p) for p in _array(obj[k["processes"]], None))
+        if k["mig_devices"] in obj:
+            changes["mig_devices"] = tuple(_mig(m) for m in _array(obj[k["mig_devices"]], None))
         if k["compute_capability"] in obj:
             cc = obj[k["compute_capability"]]
             if cc is None:
@@ -541,6 +591,17 @@ def _array(raw: Any, length: int | None) -> list[Any]:
 
 def _ints(raw: Any, length: int) -> list[int | None]:
     return [_opt_int(v) for v in _array(raw, length)]
+
+
+def _mig(raw: Any) -> MigDevice:
+    uuid, gi, ci, total, used = _array(raw, len(_MIG))
+    return MigDevice(
+        uuid=None if uuid is None else _str(uuid),
+        gpu_instance_id=_opt_int(gi),
+        compute_instance_id=_opt_int(ci),
+        memory_total_bytes=_opt_int(total),
+        memory_used_bytes=_opt_int(used),
+    )
 
 
 def _process(raw: Any) -> GpuProcess:

@@ -515,6 +515,9 @@ def looks_unused(g: GpuSample) -> bool:
     takes more; an idle GPU may report some memory reserved by the driver)."""
     if (g.utilization_gpu_pct or 0.0) > UNUSED_GPU_UTIL_PCT:
         return False
+    if g.known_processes is None:
+        # An unreadable process list (MIG, no permission) is no sign of an empty GPU.
+        return (g.memory_used_bytes or 0) <= UNUSED_GPU_MEMORY_BYTES
     return not g.processes or (g.memory_used_bytes or 0) <= UNUSED_GPU_MEMORY_BYTES
 
 

@@ -1,4 +1,4 @@
-"""The run record on disk: a bounded writer and a loader.
+"""The run record on disk: the bounded writer.
 
 :class:`RunRecordWriter` receives every measurement of a run from the
 supervisor's threads and appends it to JSON-lines files in a private run
@@ -6,7 +6,8 @@ directory. It keeps the record bounded (a day at 100 steps/s stays far under
 100 MB) while keeping every anomalous step exactly: the first steps of each
 process and every step that stands out against a running median are written
 as they are; ordinary steps are folded into :class:`StepWindow` aggregates.
-:func:`load_run_record` reads a directory back into a :class:`RunRecord`.
+:func:`load_run_record` (:mod:`trainmedic.record.reader`, importable from here
+too) reads a directory back into a :class:`RunRecord`.
 The layout, every key and the bounding rule are in docs/run-record.md.
 """
 
@@ -18,44 +19,54 @@ import os
 import statistics
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 from trainmedic.errors import RunDirectoryError
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record import codec
+from trainmedic.record.guard import RecordGuard
+from trainmedic.record.layout import (
+    CAPPED_EVENT,
+    EVENTS_FILE,
+    GPU_FILE,
+    HOST_FILE,
+    LINE_FILES,
+    LOADER_ACTIVITY_FILE,
+    LOADERS_FILE,
+    META_FILE,
+    STEPS_FILE,
+    WINDOWS_FILE,
+)
+from trainmedic.record.reader import load_run_record
 from trainmedic.record.types import (
     HostSample,
     LoaderActivity,
     LoaderInfo,
     RunEvent,
     RunMeta,
-    RunRecord,
     StepRecord,
     StepWindow,
 )
 
-META_FILE = "meta.json"
-STEPS_FILE = "steps.jsonl"
-WINDOWS_FILE = "windows.jsonl"
-GPU_FILE = "gpu.jsonl"
-HOST_FILE = "host.jsonl"
-LOADERS_FILE = "loaders.jsonl"
-LOADER_ACTIVITY_FILE = "loader_activity.jsonl"
-EVENTS_FILE = "events.jsonl"
-LINE_FILES = (
-    STEPS_FILE,
-    WINDOWS_FILE,
-    GPU_FILE,
-    HOST_FILE,
-    LOADERS_FILE,
-    LOADER_ACTIVITY_FILE,
-    EVENTS_FILE,
-)
-# Event kind the writer adds at close when a cap made it drop records.
-CAPPED_EVENT = "record_capped"
+__all__ = [
+    "CAPPED_EVENT",
+    "EVENTS_FILE",
+    "GPU_FILE",
+    "HOST_FILE",
+    "LINE_FILES",
+    "LOADERS_FILE",
+    "LOADER_ACTIVITY_FILE",
+    "META_FILE",
+    "STEPS_FILE",
+    "WINDOWS_FILE",
+    "RecordCounts",
+    "RetentionPolicy",
+    "RunRecordWriter",
+    "load_run_record",
+]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
@@ -276,7 +287,7 @@ def _dumps(obj: Mapping[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n"
 
 
-def _open_private(path: Path) -> IO[str]:
+def _open_private(path: Path) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _FILE_MODE)
     try:
         # O_CREAT's mode is only used for new files; an existing one is tightened.
@@ -285,7 +296,47 @@ def _open_private(path: Path) -> IO[str]:
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "a", buffering=_BUFFER_BYTES, encoding="utf-8")
+    return fd
+
+
+class _LineFile:
+    """One JSON-lines file of the record: lines buffered, written through the guard.
+
+    Nothing but whole lines is handed to the guard, and after a failed write
+    nothing more is written, so the file ends at most with one cut line (which
+    the loader skips).
+    """
+
+    def __init__(self, fd: int, name: str, guard: RecordGuard) -> None:
+        self.fd = fd
+        self.name = name
+        self._guard = guard
+        self._buffer = bytearray()
+        self._lines = 0
+
+    def write(self, line: str) -> None:
+        # A lone surrogate (an undecodable byte of a path) becomes a JSON \udcXX escape.
+        self._buffer += line.encode("utf-8", "backslashreplace")
+        self._lines += 1
+        if len(self._buffer) >= _BUFFER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        data, lines = bytes(self._buffer), self._lines
+        self._buffer.clear()
+        self._lines = 0
+        self._guard.write_all(self.fd, data, self.name, lines=lines)
+
+    def sync(self) -> None:
+        self.flush()
+        if not self._guard.tripped:
+            self._guard.attempt(self.name, lambda: os.fsync(self.fd))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def _drop_partial_line(fd: int) -> None:
@@ -323,12 +374,22 @@ class RunRecordWriter:
     lose at most what was not flushed) and :meth:`close` at the end. Records
     added after :meth:`close` are ignored, so a sampler thread finishing late
     cannot break the shutdown. :meth:`write_meta` works at any time.
+
+    Appends never raise for the run directory: every line goes through
+    ``guard`` (:class:`~trainmedic.record.guard.RecordGuard`), whose first
+    failed write (a full disk) stops the recording and counts what is lost.
     """
 
-    def __init__(self, run_dir: Path, retention: RetentionPolicy | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        retention: RetentionPolicy | None = None,
+        guard: RecordGuard | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.retention = retention or RetentionPolicy()
         self.counts = RecordCounts()
+        self.guard = guard or RecordGuard()
         if not self.run_dir.exists():
             self.run_dir.mkdir(mode=_DIR_MODE, parents=True)
             # mkdir's mode is filtered by the umask; make it exactly 0700.
@@ -337,10 +398,10 @@ class RunRecordWriter:
             raise RunDirectoryError(f"run directory {self.run_dir} exists and is not a directory")
         self._lock = threading.RLock()
         self._closed = False
-        self._files: dict[str, IO[str]] = {}
+        self._files: dict[str, _LineFile] = {}
         try:
             for name in LINE_FILES:
-                self._files[name] = _open_private(self.run_dir / name)
+                self._files[name] = _LineFile(_open_private(self.run_dir / name), name, self.guard)
         except OSError as exc:
             self._close_files()
             raise RunDirectoryError(
@@ -363,18 +424,26 @@ class RunRecordWriter:
     # --- meta ------------------------------------------------------------------------
 
     def write_meta(self, meta: RunMeta) -> None:
-        """Replace meta.json atomically (temp file, fsync, rename, fsync of the directory)."""
+        """Replace meta.json atomically (temp file, fsync, rename, fsync of the directory).
+
+        Raises:
+            OSError: it could not be written (the earlier meta.json stays).
+        """
         # ``default=str`` keeps an odd value in ``environment`` from failing the run.
         data = json.dumps(codec.encode_meta(meta), indent=2, ensure_ascii=False, default=str)
+        raw = (data + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
             tmp = self.run_dir / f".{META_FILE}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    os.fchmod(f.fileno(), _FILE_MODE)
-                    f.write(data + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+                try:
+                    os.fchmod(fd, _FILE_MODE)
+                    view = memoryview(raw)
+                    while view:
+                        view = view[self.guard.write(fd, view) :]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 os.replace(tmp, self.run_dir / META_FILE)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -511,7 +580,7 @@ class RunRecordWriter:
             if self._closed:
                 return
             line = _dumps(codec.encode_loader_activity(a))
-            size = len(line.encode("utf-8"))
+            size = len(line.encode("utf-8", "backslashreplace"))
             policy = self.retention
             if (
                 self._loader_activity >= policy.max_loader_activity
@@ -528,7 +597,7 @@ class RunRecordWriter:
             if self._closed:
                 return
             line = self._event_line(e)
-            size = len(line.encode("utf-8"))
+            size = len(line.encode("utf-8", "backslashreplace"))
             policy = self.retention
             if (
                 self._events >= policy.max_events
@@ -560,7 +629,8 @@ class RunRecordWriter:
 
     def close(self) -> None:
         """Write the open windows and a ``record_capped`` event if a cap dropped
-        records, then flush, fsync and close the files. Idempotent."""
+        records, then flush, fsync and close the files. Idempotent, and never
+        raises for the run directory: a failed write trips :attr:`guard`."""
         with self._lock:
             if self._closed:
                 return
@@ -572,8 +642,7 @@ class RunRecordWriter:
                     # Past the event caps on purpose: this one says what the caps cost.
                     self._files[EVENTS_FILE].write(self._event_line(self._capped_event()))
                 for f in self._files.values():
-                    f.flush()
-                    os.fsync(f.fileno())
+                    f.sync()
             finally:
                 self._closed = True
                 self._close_files()
@@ -605,8 +674,7 @@ class RunRecordWriter:
 
     def _close_files(self) -> None:
         for f in self._files.values():
-            with contextlib.suppress(OSError):
-                f.close()
+            f.close()
 
 
 def _increased(before: int | None, now: int | None) -> bool:
@@ -652,101 +720,3 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-# --- loading ---------------------------------------------------------------------------
-
-T = TypeVar("T")
-
-
-def load_run_record(run_dir: Path) -> RunRecord:
-    """Read a run directory written by :class:`RunRecordWriter`.
-
-    Steps and windows come back in time order (``t``); other records in the
-    order they were written. A last line cut short (the writer crashed while
-    appending) is skipped; any other malformed line is an error.
-
-    Raises:
-        RunDirectoryError: the directory is missing or not a run directory, or
-            meta.json or a line is malformed (the message names file and line).
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise RunDirectoryError(f"run directory {run_dir} does not exist")
-    if not run_dir.is_dir():
-        raise RunDirectoryError(f"{run_dir} is not a directory")
-    meta_path = run_dir / META_FILE
-    if not meta_path.is_file():
-        raise RunDirectoryError(f"{run_dir} is not a run directory (no {META_FILE})")
-    try:
-        meta_obj = json.loads(meta_path.read_text(encoding="utf-8"))
-        meta = codec.decode_meta(_object(meta_obj))
-    except OSError as exc:
-        raise RunDirectoryError(f"cannot read {meta_path}: {exc.strerror or exc}") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RunDirectoryError(f"{meta_path}: malformed run metadata: {_reason(exc)}") from exc
-
-    gpu_decoder = codec.GpuSampleDecoder()
-    record = RunRecord(
-        meta=meta,
-        steps=_read_lines(run_dir / STEPS_FILE, codec.decode_step),
-        windows=_read_lines(run_dir / WINDOWS_FILE, codec.decode_window),
-        loaders=_read_lines(run_dir / LOADERS_FILE, codec.decode_loader),
-        loader_activity=_read_lines(run_dir / LOADER_ACTIVITY_FILE, codec.decode_loader_activity),
-        gpu=_read_lines(run_dir / GPU_FILE, gpu_decoder.decode),
-        host=_read_lines(run_dir / HOST_FILE, codec.decode_host),
-        events=_read_lines(run_dir / EVENTS_FILE, codec.decode_event),
-    )
-    record.steps.sort(key=lambda s: s.t)
-    record.windows.sort(key=lambda w: w.t)
-    return record
-
-
-def _read_lines(path: Path, decode: Callable[[Mapping[str, Any]], T]) -> list[T]:
-    """Decode every line of a JSON-lines file; a missing file reads as empty."""
-    out: list[T] = []
-    try:
-        f = path.open("rb")
-    except FileNotFoundError:
-        return out
-    except OSError as exc:
-        raise RunDirectoryError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    with f:
-        for number, raw, is_last in _numbered_lines(f):
-            if not raw.strip():
-                continue
-            try:
-                out.append(decode(_object(json.loads(raw.decode("utf-8")))))
-            except (ValueError, KeyError, TypeError) as exc:
-                if is_last and not raw.endswith(b"\n"):
-                    # A crash while appending leaves the last line cut short.
-                    break
-                raise RunDirectoryError(
-                    f"{path}:{number}: malformed record: {_reason(exc)}"
-                ) from exc
-    return out
-
-
-def _numbered_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes, bool]]:
-    """(1-based number, line, whether it is the last line) for each line of ``f``."""
-    number = 0
-    previous: bytes | None = None
-    for line in f:
-        if previous is not None:
-            yield number, previous, False
-        number += 1
-        previous = line
-    if previous is not None:
-        yield number, previous, True
-
-
-def _object(value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError(f"expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, KeyError):
-        return f"missing field {exc.args[0]!r}"
-    return " ".join(str(exc).split())

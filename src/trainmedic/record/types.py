@@ -136,6 +136,26 @@ class HostSample:
         iowait_pct: share of CPU time waiting on I/O, percent.
         disk_read_bytes_per_s / net_recv_bytes_per_s: rates since the last sample.
         others_cpu_pct: CPU of processes outside the job, percent of one core.
+        cgroup_throttled_s: the job's cgroup's cumulative throttled time, seconds.
+        steal_pct: CPU time the hypervisor gave to other virtual machines, percent
+            of all logical cores (0 on bare metal).
+        train_threads .. job_threads: the job's threads over the period since the
+            previous reading, from the kernel's per-thread scheduler counters
+            (:mod:`trainmedic.host.schedstat`), in *cores* (seconds per second:
+            0.5 is half a core, or two threads a quarter each); ``None`` when
+            not measured.
+        train_threads: training threads measured: the main thread of each process
+            that marks training steps.
+        train_cpu_cores / train_wait_cores: their time on a CPU / waiting in a
+            run queue for one (runnable, but no CPU ran them), summed.
+        train_wait_max_share: the largest share of the period one training
+            thread spent waiting for a CPU, 0..1.
+        helper_cpu_cores / helper_wait_cores: the other threads of the training
+            processes (torch's intra-op pool, the pin-memory thread, ...).
+        loader_cpu_cores / loader_wait_cores: every thread of the DataLoader
+            worker processes.
+        job_wait_cores: every thread of the job's process tree, waiting.
+        job_threads: threads in the job's process tree.
     """
 
     t: float
@@ -153,6 +173,17 @@ class HostSample:
     swap_used_bytes: int
     others_cpu_pct: float | None = None
     cgroup_throttled_s: float | None = None
+    steal_pct: float | None = None
+    train_threads: int | None = None
+    train_cpu_cores: float | None = None
+    train_wait_cores: float | None = None
+    train_wait_max_share: float | None = None
+    helper_cpu_cores: float | None = None
+    helper_wait_cores: float | None = None
+    loader_cpu_cores: float | None = None
+    loader_wait_cores: float | None = None
+    job_wait_cores: float | None = None
+    job_threads: int | None = None
 
 
 @dataclass(frozen=True)

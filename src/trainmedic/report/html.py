@@ -26,6 +26,7 @@ from trainmedic.findings.model import Finding, Severity, rank_findings
 from trainmedic.record.stats import RunSummary, StepSpan, all_spans, summarize
 from trainmedic.record.types import RunRecord
 from trainmedic.report.incidents import incidents_html
+from trainmedic.report.ranks import ranks_html
 from trainmedic.report.run_summary import (
     format_command,
     format_duration,
@@ -67,6 +68,7 @@ def render_html_report(record: RunRecord, findings: Sequence[Finding]) -> str:
     sections = [
         _header(record),
         _summary(summarize(record)),
+        ranks_html(record),
         incidents_html(record),
         _findings(findings),
         '<h2 id="plots">Over the run</h2>',
@@ -521,8 +523,8 @@ max-width:1100px;padding:0 1em;color:#222}
 h1{margin-bottom:.3em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}th,td{text-align:left;padding:.2em .8em;
 vertical-align:top}table.meta th,table.summary th,table.evidence th{color:#555;font-weight:600}
-table.events,table.loaders{width:100%}table.events td,table.loaders td,table.events th,
-table.loaders th{border-bottom:1px solid #eee}
+table.events,table.loaders,table.ranks{width:100%}table.ranks td,table.ranks th,
+table.events td,table.loaders td,table.events th,table.loaders th{border-bottom:1px solid #eee}
 .finding{border-left:6px solid #999;background:#fafafa;padding:.4em 1em;margin:1em 0}
 .finding h3{margin:.3em 0}.sev{color:#fff;border-radius:3px;padding:0 .4em;font-size:.8em;
 margin-right:.4em}.impact,.subject{color:#666;font-weight:normal;font-size:.85em;

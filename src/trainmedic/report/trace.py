@@ -21,7 +21,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainmedic.record.types import RunRecord, StepRecord, StepWindow
 
@@ -40,16 +40,25 @@ def write_chrome_trace(record: RunRecord, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-            for i, event in enumerate(trace_events(record)):
-                if i:
-                    f.write(",\n")
-                f.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False, default=repr))
-            f.write("\n]}\n")
+            dump_chrome_trace(record, f)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def dump_chrome_trace(record: RunRecord, f: IO[str]) -> None:
+    """Write ``record`` as Chrome trace JSON into the text file ``f``.
+
+    ``otherData.generator`` marks the file as trainmedic's (so a later export
+    may replace it).
+    """
+    f.write('{"displayTimeUnit":"ms","otherData":{"generator":"trainmedic"},"traceEvents":[\n')
+    for i, event in enumerate(trace_events(record)):
+        if i:
+            f.write(",\n")
+        f.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False, default=repr))
+    f.write("\n]}\n")
 
 
 def trace_events(record: RunRecord) -> Iterator[dict[str, Any]]:

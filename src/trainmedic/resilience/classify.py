@@ -37,8 +37,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
+from trainmedic.findings.fixes import MICRO_BATCH_FIX, RESILIENT_DATA_FIX, SHM_FIX_WITH_WORKERS
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu import faults
+from trainmedic.gpu.types import GpuRef as GpuRef
+from trainmedic.gpu.types import GpuSample
+from trainmedic.gpu.types import normalize_pci_bus_id as normalize_pci_bus_id
+from trainmedic.gpu.visible import nvml_gpu_for_cuda_device, visible_entries
 from trainmedic.resilience.errorfile import ErrorReport, is_user_code
 
 STDERR_TAIL_LINES = 200
@@ -73,48 +78,6 @@ class FailureClass(str, Enum):
 
 
 @dataclass(frozen=True)
-class GpuRef:
-    """A GPU named by any of its identities (whichever the evidence gives).
-
-    Attributes:
-        index: NVML index (``nvidia-smi`` order, PCI bus order).
-        uuid: ``GPU-...`` UUID.
-        pci_bus_id: PCI address, normalised to ``0000:3b:00.0`` form, lower case.
-    """
-
-    index: int | None = None
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-
-    def __str__(self) -> str:
-        if self.index is not None:
-            return f"gpu{self.index}"
-        return self.uuid or self.pci_bus_id or "gpu?"
-
-    def same_gpu(self, other: GpuRef) -> bool:
-        """True when any identity both sides know is equal."""
-        if self.uuid and other.uuid:
-            return self.uuid.lower() == other.uuid.lower()
-        if self.pci_bus_id and other.pci_bus_id:
-            return normalize_pci_bus_id(self.pci_bus_id) == normalize_pci_bus_id(other.pci_bus_id)
-        return self.index is not None and self.index == other.index
-
-
-def normalize_pci_bus_id(bus_id: str) -> str:
-    """``00000000:3B:00.0`` (NVML), ``0000:3b:00`` (Xid) -> ``0000:3b:00.0``."""
-    text = bus_id.strip().lower()
-    parts = text.split(":")
-    if len(parts) == 2:  # bus:device.function without a domain
-        parts.insert(0, "0000")
-    domain = parts[0][-4:].rjust(4, "0")
-    bus = parts[1].rjust(2, "0")
-    device_function = parts[2] if len(parts) > 2 else "00"
-    if "." not in device_function:
-        device_function += ".0"
-    return f"{domain}:{bus}:{device_function}"
-
-
-@dataclass(frozen=True)
 class GpuFault:
     """A hardware fault the supervisor's GPU sampler saw during the attempt.
 
@@ -143,12 +106,21 @@ class FailureEvidence:
         hang_declared: the supervisor's watchdog declared a hang and stopped the job.
         hang_location: the main thread's innermost frame when the hang was
             declared (``file:line in function``), when the probe could tell.
+        hang_silence: the evidence's class of the hang (``blocked``, ``spinning``,
+            ``peer_wait``, ``source_wait``, ``unclear``), when known.
+        hang_source: for ``source_wait``: what the job waited on
+            (``network: socket 10.0.0.5:9000``, ``filesystem: /mnt/data``).
+        hang_evidence: the deciding process's evidence, one sentence.
         kernel_log: kernel log lines (``dmesg``) from the attempt, when readable.
         terminated_by_supervisor: the supervisor itself sent the stop signal.
         launch_error: why the command could not be started (``FileNotFoundError``).
         job_pids: process ids of the job's tree, to tell its OOM kills from others'.
         num_workers: the largest DataLoader ``num_workers`` seen in the attempt.
         gpu_faults: hardware faults the GPU sampler saw during the attempt.
+        visible_devices / device_order: the attempt's ``CUDA_VISIBLE_DEVICES``
+            and ``CUDA_DEVICE_ORDER`` (``None``: unset), to tell which GPU a
+            CUDA device ordinal in a message is.
+        gpus: the machine's GPUs as last read (identities: index, UUID, PCI bus id).
     """
 
     exit_code: int | None
@@ -157,12 +129,18 @@ class FailureEvidence:
     oom_kill_delta: int | None = None
     hang_declared: bool = False
     hang_location: str | None = None
+    hang_silence: str | None = None
+    hang_source: str | None = None
+    hang_evidence: str | None = None
     kernel_log: tuple[str, ...] = ()
     terminated_by_supervisor: bool = False
     launch_error: str | None = None
     job_pids: frozenset[int] = frozenset()
     num_workers: int | None = None
     gpu_faults: tuple[GpuFault, ...] = ()
+    visible_devices: str | None = None
+    device_order: str | None = None
+    gpus: tuple[GpuSample, ...] = ()
 
     @classmethod
     def from_stderr_text(cls, exit_code: int | None, text: str, **kwargs: Any) -> FailureEvidence:
@@ -210,27 +188,6 @@ class Classification:
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PREFIX_RE = re.compile(r"^(?:\[(?:rank\d+|default\d+|[\w-]*\d+)\]:\s?)+")
-_SIZE = r"(\d+(?:\.\d+)?) ?(bytes|[KMGTP]i?B)"
-_UNITS = {"bytes": 1, "B": 1}
-for _i, _p in enumerate("KMGTP", start=1):
-    _UNITS[f"{_p}iB"] = 1024**_i
-    _UNITS[f"{_p}B"] = 1024**_i  # torch < 2.1 printed "GB" for GiB values
-
-_OOM_RE = re.compile(
-    r"torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"
-    r"|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|HIP out of memory"
-)
-_OOM_NEW_RE = re.compile(
-    rf"Tried to allocate {_SIZE}\. GPU (\d+) has a total capacity of {_SIZE} "
-    rf"of which {_SIZE} is free"
-)
-_OOM_OLD_RE = re.compile(
-    rf"Tried to allocate {_SIZE} \(GPU (\d+); {_SIZE} total capacity; {_SIZE} already allocated; "
-    rf"{_SIZE} free; {_SIZE} reserved in total by PyTorch"
-)
-_OOM_UNALLOCATED_RE = re.compile(rf"{_SIZE} is reserved by PyTorch but unallocated")
-_OOM_ALLOCATED_RE = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch")
-
 _COLLECTIVE_RE = re.compile(
     r"Watchdog caught collective operation timeout"
     r"|ran for \d+ milliseconds before timing out"
@@ -279,17 +236,6 @@ _DRIVER_MISMATCH = (
 )
 _CONTENTION = ("busy or unavailable",)
 _HARDWARE_TEXT = ("uncorrectable ECC", "ECC error", "fallen off the bus", "unrecoverable")
-
-_XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f.]+)\): (\d+)"
-)
-HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
-"""Xid codes that point at the GPU itself (NVIDIA's Xid catalogue): double-bit
-ECC (48), internal micro-controller faults (61, 62), row remapping events and
-failures (63, 64), NVLink errors (74), fallen off the bus (79), high
-single-bit ECC rate (92), contained/uncontained ECC (94, 95), GSP errors
-(119, 120), unrecovered ECC (140). Xids 13, 31 and 43 usually mean an
-application bug and are not on the list."""
 
 _KERNEL_OOM_RE = re.compile(
     r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+)|oom-kill:.*task_memcg"
@@ -512,8 +458,8 @@ def _specific_from_lines(
                 _context(lines, i),
                 location=_last_frame(lines[:i]),
             )
-        if _OOM_RE.search(line):
-            return _cuda_oom(base, lines, i)
+        if faults.CUDA_OOM_RE.search(line):
+            return _cuda_oom(base, lines, i, evidence)
         if _COLLECTIVE_RE.search(line):
             return _collective_timeout(base, lines, i)
         if _WORKER_RE.search(line) or _SHM_RE.search(line) or _FD_LIMIT_RE.search(line):
@@ -536,40 +482,35 @@ def _specific_from_lines(
     return None
 
 
-def _bytes(number: str, unit: str) -> int:
-    return int(float(number) * _UNITS[unit])
-
-
-def _cuda_oom(base: _Base, lines: Sequence[str], i: int) -> Classification:
-    text = " ".join(lines[i : i + 3])
-    details: dict[str, Any] = {}
-    if m := _OOM_NEW_RE.search(text):
-        details.update(
-            requested_bytes=_bytes(m[1], m[2]),
-            gpu_index=int(m[3]),
-            total_bytes=_bytes(m[4], m[5]),
-            free_bytes=_bytes(m[6], m[7]),
-        )
-    elif m := _OOM_OLD_RE.search(text):
-        details.update(
-            requested_bytes=_bytes(m[1], m[2]),
-            gpu_index=int(m[3]),
-            total_bytes=_bytes(m[4], m[5]),
-            allocated_bytes=_bytes(m[6], m[7]),
-            free_bytes=_bytes(m[8], m[9]),
-            reserved_bytes=_bytes(m[10], m[11]),
-        )
-    if m := _OOM_UNALLOCATED_RE.search(text):
-        details["reserved_unallocated_bytes"] = _bytes(m[1], m[2])
-    if m := _OOM_ALLOCATED_RE.search(text):
-        details["allocated_bytes"] = _bytes(m[1], m[2])
+def _cuda_oom(
+    base: _Base, lines: Sequence[str], i: int, evidence: FailureEvidence
+) -> Classification:
+    details = faults.parse_cuda_oom(" ".join(lines[i : i + 3]))
     why = "CUDA ran out of memory"
+    gpu: GpuRef | None = None
     if "requested_bytes" in details:
+        # torch names the process's CUDA device; NVML and nvidia-smi number GPUs otherwise.
+        device = details["cuda_device"]
+        env = {
+            k: v
+            for k, v in (
+                ("CUDA_VISIBLE_DEVICES", evidence.visible_devices),
+                ("CUDA_DEVICE_ORDER", evidence.device_order),
+            )
+            if v is not None
+        }
+        found = nvml_gpu_for_cuda_device(device, env, evidence.gpus)
+        where = f"CUDA device {device}"
+        if found is not None:
+            gpu = found.ref
+            details["gpu_index"] = found.index
+            where = f"GPU {found.index}"
+            if device != found.index:
+                where += f" (CUDA device {device})"
         why += (
-            f" allocating {_human(details['requested_bytes'])} on GPU {details['gpu_index']} "
+            f" allocating {_human(details['requested_bytes'])} on {where} "
             f"with {_human(details['free_bytes'])} free of {_human(details['total_bytes'])}"
         )
-    gpu = GpuRef(index=details["gpu_index"]) if "gpu_index" in details else None
     return base.make(
         FailureClass.CUDA_OOM,
         Category.GPU_MEMORY,
@@ -706,37 +647,90 @@ def _cuda_error(base: _Base, lines: Sequence[str], i: int) -> Classification:
 @dataclass(frozen=True)
 class _Hardware:
     gpu: GpuRef | None
-    xid: int | None
+    xid: faults.XidEvent | None
     lines: tuple[str, ...]
     reason: str
+
+    @property
+    def needs_attention(self) -> bool:
+        """The GPU must be reset or drained (not only the job restarted)."""
+        return self.xid is None or self.xid.verdict.hardware
+
+
+_XID_RANK = {
+    faults.XidAction.DRAIN_NODE: 3,
+    faults.XidAction.RESET_GPU: 2,
+    faults.XidAction.RESTART_APP: 1,
+}
+
+
+def _is_hardware_xid(event: faults.XidEvent) -> bool:
+    """An Xid that explains a failure by the GPU: one the catalogue says needs a
+    reset or a drained node, or a contained memory error (Xid 94). Informational
+    codes (63, 92) and application faults (13, 31, 43) never do."""
+    verdict = event.verdict
+    return verdict.hardware or event.code in faults.HARDWARE_RESTART_CODES
 
 
 def _hardware_evidence(evidence: FailureEvidence, lines: Sequence[str]) -> _Hardware | None:
     """Hardware Xids in the kernel log (or stderr), or faults the GPU sampler saw."""
+    found: list[tuple[faults.XidEvent, str]] = []
+    visible = _visible_buses(evidence)
     for line in [*evidence.kernel_log, *lines]:
-        m = _XID_RE.search(line)
-        if m and int(m[2]) in HARDWARE_XIDS:
-            text = line.strip()[:MAX_LINE_CHARS]
-            reason = text.split(f"): {m[2]},", 1)[-1].strip() if "):" in text else text
-            return _Hardware(
-                gpu=GpuRef(pci_bus_id=normalize_pci_bus_id(m[1])),
-                xid=int(m[2]),
-                lines=(text,),
-                reason=f"Xid {m[2]}: {reason}",
-            )
+        event = faults.parse_xid_line(line)
+        if event is None or not _is_hardware_xid(event):
+            continue
+        if visible is not None and event.pci_bus_id is not None and event.pci_bus_id not in visible:
+            continue  # a GPU the attempt could not see: not its failure
+        found.append((event, line.strip()[:MAX_LINE_CHARS]))
+    if found:
+        # The most serious wins; among equals, the earliest.
+        event, text = max(found, key=lambda f: _XID_RANK.get(f[0].verdict.action, 0))
+        verdict = event.verdict
+        gpu = _resolve_gpu(GpuRef(pci_bus_id=event.pci_bus_id), evidence.gpus)
+        reason = f"Xid {event.code}: {event.detail or verdict.meaning}"
+        return _Hardware(gpu=gpu, xid=event, lines=(text,), reason=reason)
     if evidence.gpu_faults:
         fault = evidence.gpu_faults[0]
         return _Hardware(gpu=fault.gpu, xid=None, lines=(), reason=fault.reason)
     return None
 
 
+def _visible_buses(evidence: FailureEvidence) -> set[str] | None:
+    """PCI bus ids of the GPUs the attempt could see; ``None`` when that cannot be told."""
+    if evidence.visible_devices is None or not evidence.gpus:
+        return None
+    env = {"CUDA_VISIBLE_DEVICES": evidence.visible_devices}
+    if evidence.device_order is not None:
+        env["CUDA_DEVICE_ORDER"] = evidence.device_order
+    count = len(visible_entries(env) or [])
+    buses = set()
+    for ordinal in range(count):
+        found = nvml_gpu_for_cuda_device(ordinal, env, evidence.gpus)
+        if found is None or found.pci_bus_id is None:
+            return None
+        buses.add(found.pci_bus_id)
+    return buses
+
+
+def _resolve_gpu(ref: GpuRef, gpus: Sequence[GpuSample]) -> GpuRef | None:
+    """``ref`` with every identity the machine's GPUs know; ``None`` for an empty ref."""
+    if ref.pci_bus_id is None and ref.uuid is None and ref.index is None:
+        return None
+    return next((g.ref for g in gpus if g.ref.same_gpu(ref)), ref)
+
+
 def _with_hardware(
     base: _Base, specific: Classification | None, hw: _Hardware, what: str
 ) -> Classification:
     details: dict[str, Any] = dict(specific.details) if specific else {}
-    details["hardware"] = True
+    details["hardware"] = hw.needs_attention
     if hw.xid is not None:
-        details["xid"] = hw.xid
+        details["xid"] = hw.xid.code
+        details["xid_action"] = hw.xid.verdict.action.value
+        details["xid_detail"] = hw.xid.detail[:MAX_LINE_CHARS]
+        if hw.xid.gpu_instance is not None:
+            details["mig_gpu_instance"] = hw.xid.gpu_instance
     if hw.gpu is not None and hw.gpu.pci_bus_id:
         details["gpu_pci_bus_id"] = hw.gpu.pci_bus_id
     lines = [*(specific.evidence_lines if specific else ()), *hw.lines]
@@ -755,19 +749,40 @@ def _with_hardware(
 # -------------------------------------------------------------- other classes
 
 
+_HANG_WHAT = {
+    "blocked": "every process was blocked (off the CPU, nothing moving)",
+    "spinning": "the job spun in place (CPU busy, no work)",
+    "peer_wait": "the job waited in a collective or a device synchronisation",
+    "source_wait": "the job waited on a data source with nothing arriving",
+    "unclear": "the evidence could not tell work from a hang",
+}
+
+
 def _hang(
     base: _Base, evidence: FailureEvidence, specific: Classification | None
 ) -> Classification:
-    why = "the watchdog saw no progress past the step timeout and stopped the job"
-    if evidence.hang_location:
+    what = _HANG_WHAT.get(evidence.hang_silence or "", "the watchdog saw no progress")
+    why = f"{what} past the step timeout and the watchdog stopped the job"
+    if evidence.hang_evidence:
+        why += f" ({evidence.hang_evidence})"
+    elif evidence.hang_location:
         why += f"; the main thread was at {evidence.hang_location}"
     lines = list(specific.evidence_lines) if specific else []
     details: dict[str, Any] = {}
     if specific is not None:
         details["also_seen"] = specific.failure_class.value
+    category = Category.TIMEOUT
+    if evidence.hang_silence:
+        details["silence"] = evidence.hang_silence
+    source = evidence.hang_source
+    if evidence.hang_silence == "source_wait" and source:
+        details["source"] = source
+        # A data source that stops answering is outside the job: a restart cannot fix it.
+        category = Category.NETWORK if source.startswith("network") else Category.IO
+        why += f"; the source: {source}"
     return base.make(
         FailureClass.HANG,
-        Category.TIMEOUT,
+        category,
         "high",
         why,
         lines,
@@ -900,6 +915,19 @@ def _user_exception(
     details: dict[str, Any] = {"exception_type": exc_type}
     if pid is not None:
         details["pid"] = pid
+    if _is_broken_pipe(exc_type, message):
+        # Its own stdout's reader went away (`| head`), or a pipe or socket it
+        # wrote to: a local fact, never evidence of another rank.
+        return base.make(
+            FailureClass.USER_EXCEPTION,
+            Category.TIMEOUT,
+            "high" if confidence == "high" else "medium",
+            f"uncaught {exc_type}: {_first_line(message)} (the process wrote to a pipe or "
+            "socket whose reader had gone, such as its output piped into `head`)",
+            shown,
+            location=location,
+            details=details,
+        )
     if _COMM_ERROR_TYPE_RE.search(exc_type) or _COMM_ERROR_RE.search(message):
         # A lost peer is not a bug in this process: usually another rank failed
         # first (its error file, when there is one, is the root cause).
@@ -921,6 +949,13 @@ def _user_exception(
         shown,
         location=location,
         details=details,
+    )
+
+
+def _is_broken_pipe(exc_type: str, message: str) -> bool:
+    """``BrokenPipeError``, or an ``OSError`` with errno 32 (EPIPE)."""
+    return exc_type.rsplit(".", 1)[-1] == "BrokenPipeError" or (
+        exc_type.rsplit(".", 1)[-1] in ("OSError", "IOError") and message.startswith("[Errno 32]")
     )
 
 
@@ -987,7 +1022,7 @@ _FIXES: dict[FailureClass, str] = {
         "(trainmedic sets TRAINMEDIC_MICRO_BATCH_DIVISOR; read it with "
         "trainmedic.micro_batch_plan(batch_size)); use bf16 autocast; set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True when memory reserved but unallocated "
-        "is large."
+        "is large. " + MICRO_BATCH_FIX
     ),
     FailureClass.HOST_ALLOC_FAILURE: (
         "Host memory ran short: lower DataLoader num_workers and prefetch_factor (each worker "
@@ -1010,7 +1045,7 @@ _FIXES: dict[FailureClass, str] = {
         "NCCL_DEBUG=WARN logs NCCL's view."
     ),
     FailureClass.DATALOADER_WORKER_DIED: (
-        "Reproduce with num_workers=0 to see the dataset's own error."
+        "Reproduce with num_workers=0 to see the dataset's own error. " + RESILIENT_DATA_FIX
     ),
     FailureClass.SEGFAULT: (
         "Run with PYTHONFAULTHANDLER=1 to get the Python stack at the crash; suspect native "
@@ -1054,8 +1089,21 @@ _TITLES: dict[FailureClass, str] = {
 }
 
 
+_LEAVE_OUT = (
+    " trainmedic leaves it out of CUDA_VISIBLE_DEVICES on the next attempt when it knows "
+    "which GPU it is."
+)
+
+
 def _fix(c: Classification) -> str:
     d = c.details
+    if c.failure_class is FailureClass.HANG and d.get("source"):
+        return (
+            f"The job waited on {d['source']} and nothing arrived: check that the data "
+            "store or filesystem is reachable and answering (a restart cannot fix it; "
+            "trainmedic backs off before the next attempt). Set timeouts on remote reads "
+            "so a stalled source raises an error instead of hanging."
+        )
     if c.failure_class is FailureClass.DATALOADER_WORKER_DIED:
         cause = d.get("cause")
         if cause == "shm":
@@ -1068,12 +1116,17 @@ def _fix(c: Classification) -> str:
         if cause == "killed":
             return _FIXES[FailureClass.HOST_OOM_KILL]
     if c.failure_class is FailureClass.CUDA_ERROR:
+        xid = d.get("xid")
+        if isinstance(xid, int) and c.category is Category.HARDWARE_FAULT:
+            fix = faults.xid_verdict(xid, str(d.get("xid_detail", ""))).fix
+            if d.get("hardware"):
+                fix += _LEAVE_OUT
+            return fix
         if d.get("hardware"):
             gpu = c.gpu or "the GPU"
             return (
                 f"Drain {gpu}: check nvidia-smi -q -d ECC,ROW_REMAPPER, reset it "
-                "(nvidia-smi -r) or have it replaced; trainmedic leaves it out of "
-                "CUDA_VISIBLE_DEVICES on the next attempt when it knows which GPU it is."
+                "(nvidia-smi -r) or have it replaced;" + _LEAVE_OUT
             )
         if c.category is Category.DRIVER:
             return (

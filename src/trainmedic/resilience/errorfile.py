@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmedic import jsonfile
+
 ERRORS_SUBDIR = "errors"
 """Subdirectory of the run directory holding the error files."""
 
@@ -150,6 +152,10 @@ class ErrorReport:
             raise ValueError(f"a field has the wrong type ({e})") from e
 
 
+MAX_ERROR_FILE_BYTES = 8 * 1024 * 1024
+"""Largest error file read, bytes (the probe shortens tracebacks far below)."""
+
+
 def is_user_code(path: str) -> bool:
     """Whether a traceback path is the user's code (not a package, not the standard library)."""
     return not (path.startswith("<") or _LIBRARY_PATH_RE.search(path))
@@ -159,9 +165,11 @@ def read_error_file(path: str | os.PathLike[str]) -> ErrorReport:
     """Read one error file; raise ``ValueError`` (or ``OSError``) when it is unusable."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = jsonfile.read_json(p, max_bytes=MAX_ERROR_FILE_BYTES)
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: not JSON ({e})") from e
+    except ValueError as e:  # not UTF-8, too large, nested too deeply
+        raise ValueError(f"{p}: {jsonfile.describe(e)}") from e
     digits = p.stem.removeprefix("error-")
     try:
         return ErrorReport.from_dict(data, pid=int(digits) if digits.isdigit() else 0)

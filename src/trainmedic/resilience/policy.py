@@ -32,8 +32,33 @@ from trainmedic.errors import UsageError
 from trainmedic.findings.model import Category
 from trainmedic.resilience.classify import Classification, FailureClass, GpuRef
 from trainmedic.resilience.remedies import Remedy, apply_remedies, plan_remedies
+from trainmedic.resilience.waits import (
+    WaitStrategy,
+    default_wait,
+    points_outside,
+    wait_after_failures,
+    wait_exponential,
+    wait_fixed,
+    wait_none,
+    wait_random_jitter,
+)
+
+__all__ = [
+    "WaitStrategy",
+    "default_wait",
+    "points_outside",
+    "wait_after_failures",
+    "wait_exponential",
+    "wait_fixed",
+    "wait_none",
+    "wait_random_jitter",
+]
 
 DEFAULT_MAX_RESTARTS = 3
+"""Consecutive failures without progress given a restart (``--max-restarts``)."""
+PROGRESS_MIN_S = 10.0
+"""An attempt that trained this many seconds beyond the furthest step before made
+progress: it resets the failure count and the backoff."""
 NOT_RETRIED_BY_DEFAULT = (
     FailureClass.USER_EXCEPTION,
     FailureClass.BAD_COMMAND,
@@ -55,9 +80,11 @@ class AttemptRecord:
         classification: how it ended.
         duration_s: how long it ran, seconds.
         steps_reached: the highest training step it reached, counted from the
-            run's start when the job resumes from checkpoints (else within the
-            attempt); ``None`` when unknown.
+            run's start (the first attempt's, or a later one's whose resume step
+            is known); ``None`` when unknown.
         remedies: names of the remedies it ran with.
+        trained_s: seconds from its first step's start to its last step's end
+            (``None``: no step seen).
     """
 
     number: int
@@ -65,6 +92,7 @@ class AttemptRecord:
     duration_s: float
     steps_reached: int | None = None
     remedies: tuple[str, ...] = ()
+    trained_s: float | None = None
 
     @property
     def hang_location(self) -> str | None:
@@ -102,6 +130,38 @@ class RestartState:
     def restarts(self) -> int:
         """Restarts done so far (attempts after the first)."""
         return max(0, len(self.attempts) - 1)
+
+    def made_progress(self, index: int) -> bool:
+        """Whether attempt ``index`` (0-based) trained for a while: at least
+        :data:`PROGRESS_MIN_S` of steps and, when the run's step is known, further
+        than every earlier attempt got; without any step seen, it ran that long.
+        (A job whose resume step trainmedic cannot know — no Checkpointer, no
+        ``--checkpoint-glob`` — is taken at its word that it resumes: set
+        ``--max-total-restarts`` to cap one that starts over each time.)"""
+        attempt = self.attempts[index]
+        if attempt.trained_s is None:
+            return attempt.steps_reached is None and attempt.duration_s >= PROGRESS_MIN_S
+        if attempt.trained_s < PROGRESS_MIN_S:
+            return False
+        if attempt.steps_reached is None:
+            return True
+        best = max(
+            (a.steps_reached for a in self.attempts[:index] if a.steps_reached is not None),
+            default=0,
+        )
+        return attempt.steps_reached > best
+
+    @property
+    def failures_without_progress(self) -> int:
+        """Consecutive failures since the last attempt that made progress, the
+        latest included: 1 after an attempt that trained for a while and then
+        failed, 2 when the next one fails without getting anywhere, ..."""
+        count = 0
+        for index in range(len(self.attempts) - 1, -1, -1):
+            count += 1
+            if self.made_progress(index):
+                break
+        return count
 
     @property
     def elapsed_s(self) -> float:
@@ -161,18 +221,42 @@ class _StopAll(StopStrategy):
 
 @dataclass(frozen=True)
 class stop_after_restarts(StopStrategy):
-    """Stop once ``max_restarts`` restarts have been done (``--max-restarts``)."""
+    """Stop once ``max_restarts`` restarts have been done in all, progress or not
+    (``--max-total-restarts``; torchrun's ``--max-restarts`` counts the same way)."""
 
     max_restarts: int
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
-            raise UsageError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+            raise UsageError(f"--max-total-restarts must be >= 0, got {self.max_restarts}")
 
     def __call__(self, state: RestartState) -> str | None:
         if state.restarts >= self.max_restarts:
             return (
-                f"restarted {state.restarts} times, the limit (--max-restarts {self.max_restarts})"
+                f"restarted {state.restarts} times, the limit "
+                f"(--max-total-restarts {self.max_restarts})"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class stop_after_failures_without_progress(StopStrategy):
+    """Stop when ``max_failures`` attempts in a row failed without progress
+    (``--max-restarts``): ``max_failures`` restarts are given to a job that
+    gets nowhere, and any number to one that keeps training between faults."""
+
+    max_failures: int
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 0:
+            raise UsageError(f"--max-restarts must be >= 0, got {self.max_failures}")
+
+    def __call__(self, state: RestartState) -> str | None:
+        failures = state.failures_without_progress
+        if failures > self.max_failures:
+            return (
+                f"{failures} failures in a row without progress "
+                f"(--max-restarts {self.max_failures})"
             )
         return None
 
@@ -195,9 +279,11 @@ class stop_after_time(StopStrategy):
 
 @dataclass(frozen=True)
 class stop_on_repeated_hang(StopStrategy):
-    """Stop when the last ``times`` attempts all hung at the same location.
+    """Stop when the last ``times`` attempts all hung at the same location and
+    none after the first of them made progress.
 
-    A hang in the same place every time is a deadlock, not bad luck.
+    A hang in the same place every time, with nothing gained in between, is a
+    deadlock, not bad luck.
     """
 
     times: int = 2
@@ -205,6 +291,9 @@ class stop_on_repeated_hang(StopStrategy):
     def __call__(self, state: RestartState) -> str | None:
         recent = state.attempts[-self.times :]
         if len(recent) < self.times:
+            return None
+        n = len(state.attempts)
+        if any(state.made_progress(i) for i in range(n - self.times + 1, n)):
             return None
         locations = {a.hang_location for a in recent}
         if len(locations) == 1 and None not in locations:
@@ -352,65 +441,6 @@ def is_own_exit(c: Classification) -> bool:
     )
 
 
-# ------------------------------------------------------------------------ wait
-
-
-class WaitStrategy(ABC):
-    """Seconds to wait before the next attempt."""
-
-    @abstractmethod
-    def __call__(self, state: RestartState) -> float: ...
-
-    def __add__(self, other: WaitStrategy) -> WaitStrategy:
-        return _WaitSum((self, other))
-
-
-@dataclass(frozen=True)
-class _WaitSum(WaitStrategy):
-    parts: tuple[WaitStrategy, ...]
-
-    def __call__(self, state: RestartState) -> float:
-        return sum(p(state) for p in self.parts)
-
-
-@dataclass(frozen=True)
-class wait_none(WaitStrategy):
-    def __call__(self, state: RestartState) -> float:
-        return 0.0
-
-
-@dataclass(frozen=True)
-class wait_fixed(WaitStrategy):
-    seconds: float
-
-    def __call__(self, state: RestartState) -> float:
-        return self.seconds
-
-
-@dataclass(frozen=True)
-class wait_exponential(WaitStrategy):
-    """``initial × base^k`` seconds before restart k+1 (k = restarts done), at most ``cap``."""
-
-    initial: float = 5.0
-    base: float = 2.0
-    cap: float = 120.0
-
-    def __call__(self, state: RestartState) -> float:
-        exponent = min(state.restarts, 64)  # keeps base**exponent finite
-        return float(min(self.cap, self.initial * self.base**exponent))
-
-
-class wait_random_jitter(WaitStrategy):
-    """A uniform random 0..``max_s`` seconds, so that many jobs do not restart in step."""
-
-    def __init__(self, max_s: float, rng: random.Random | None = None) -> None:
-        self.max_s = max_s
-        self.rng = rng or random.Random()
-
-    def __call__(self, state: RestartState) -> float:
-        return self.rng.uniform(0.0, self.max_s)
-
-
 # ---------------------------------------------------------------------- policy
 
 
@@ -444,12 +474,16 @@ def plan_state_remedies(state: RestartState, c: Classification) -> Sequence[Reme
 
 
 def default_stop(
-    max_restarts: int = DEFAULT_MAX_RESTARTS, max_total_s: float | None = None
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    max_total_s: float | None = None,
+    max_total_restarts: int | None = None,
 ) -> StopStrategy:
-    """``stop_after_restarts(n) | stop_on_repeated_hang(2) | stop_on_no_progress(3)``,
-    ``| stop_after_time(s)`` when a budget is given."""
-    stop: StopStrategy = stop_after_restarts(max_restarts) | stop_on_repeated_hang(2)
-    stop = stop | stop_on_no_progress(3)
+    """``stop_after_failures_without_progress(n) | stop_on_repeated_hang(2)``,
+    ``| stop_after_restarts(total)`` and ``| stop_after_time(s)`` when asked for."""
+    stop: StopStrategy = stop_after_failures_without_progress(max_restarts)
+    stop = stop | stop_on_repeated_hang(2)
+    if max_total_restarts is not None:
+        stop = stop | stop_after_restarts(max_total_restarts)
     if max_total_s is not None:
         stop = stop | stop_after_time(max_total_s)
     return stop
@@ -471,9 +505,7 @@ class RestartPolicy:
     retry: RetryStrategy = field(
         default_factory=lambda: retry_unless_class(*NOT_RETRIED_BY_DEFAULT)
     )
-    wait: WaitStrategy = field(
-        default_factory=lambda: wait_exponential(5.0, 2.0, 120.0) + wait_random_jitter(5.0)
-    )
+    wait: WaitStrategy = field(default_factory=lambda: default_wait(5.0))
     remedies: RemedyPlanner = plan_state_remedies
     sleep: Callable[[float], None] = time.sleep
 
@@ -493,7 +525,8 @@ class RestartPolicy:
             return Decision(False, 0.0, f"not restarting after {fc.value}: {stop_reason}")
         wait_s = max(0.0, self.wait(state))
         remedies = tuple(self.remedies(state, classification))
-        reason = f"restart {state.restarts + 1} after {fc.value} in {wait_s:.0f} s"
+        when = f"{wait_s:.1f} s" if wait_s < 10 else f"{wait_s:.0f} s"
+        reason = f"restart {state.restarts + 1} after {fc.value} in {when}"
         if remedies:
             reason += f" with {', '.join(r.name for r in remedies)}"
         return Decision(True, wait_s, reason, remedies)
@@ -507,18 +540,6 @@ def default_retry(retry_on_exception: bool = False) -> RetryStrategy:
     return retry_unless_class(*NOT_RETRIED_BY_DEFAULT) & retry_unless_own_exit()
 
 
-def default_wait(initial_s: float = 5.0, rng: random.Random | None = None) -> WaitStrategy:
-    """``initial_s`` doubling per restart up to 120 s, plus up to ``min(initial_s, 5)``
-    seconds of jitter (none when ``initial_s`` is 0)."""
-    if initial_s < 0:
-        raise UsageError(f"the backoff must be >= 0 seconds, got {initial_s}")
-    wait: WaitStrategy = wait_exponential(initial_s, 2.0, max(120.0, initial_s))
-    jitter = min(initial_s, 5.0)
-    if jitter > 0:
-        wait = wait + wait_random_jitter(jitter, rng)
-    return wait
-
-
 def default_policy(
     *,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
@@ -527,13 +548,16 @@ def default_policy(
     rng: random.Random | None = None,
     retry_on_exception: bool = False,
     backoff_s: float = 5.0,
+    max_total_restarts: int | None = None,
 ) -> RestartPolicy:
-    """The policy of ``trainmedic run``: ``--max-restarts`` (3) and an optional time budget,
-    no restart after a bug, a bad command, an outside stop or a program's own non-zero
-    exit (unless ``retry_on_exception``), ``backoff_s`` (5 s) doubling to 120 s plus up
-    to 5 s of jitter, cause-aware remedies."""
+    """The policy of ``trainmedic run``: up to ``max_restarts`` (3) failures in a row
+    without progress, an optional total cap and time budget, no restart after a bug,
+    a bad command, an outside stop or a program's own non-zero exit (unless
+    ``retry_on_exception``); the first restart of a streak at once (with up to
+    0.5 s of jitter), then ``backoff_s`` (5 s) doubling to 120 s plus jitter, from
+    the first failure on when the cause lies outside the job; cause-aware remedies."""
     return RestartPolicy(
-        stop=default_stop(max_restarts, max_total_s),
+        stop=default_stop(max_restarts, max_total_s, max_total_restarts),
         retry=default_retry(retry_on_exception),
         wait=default_wait(backoff_s, rng),
         remedies=plan_state_remedies,

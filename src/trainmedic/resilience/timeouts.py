@@ -10,19 +10,22 @@ monotonic time, tests pass numbers. The rule, with the defaults of
 - **Startup**: until the first step, 1800 s.
 - **Warm-up**: the first 5 step intervals (compilation, cuDNN autotuning,
   allocator growth) stay under the startup bound and are not learned from.
-- **Learned**: ``max(120 s, 5 × p99)`` of the last 1024 step intervals (the
-  maximum while fewer than 100 are known).
+- **Learned**: ``max(floor, 5 × p99)`` of the last 1024 step intervals (the
+  maximum while fewer than 100 are known); the floor is 20 s.
+- **Evidence** (:mod:`trainmedic.resilience.silence`): past the last step,
+  the watchdog classifies the silence a few times a second. *Work* (the job
+  computes, reads, writes, flushes) restarts the bound at each sign, up to
+  7200 s after the last step; a silence the evidence shows to be a hang
+  (*blocked*, *spinning*, *waiting on a peer or the device*, *waiting on an
+  external source*) is declared at the learned bound; one the evidence
+  cannot classify (*unclear*, or no evidence at all) only at the
+  conservative bound ``max(120 s, learned)``.
 - **Pauses**: an interval longer than 10 × the median and 5 s (an evaluation
   or a checkpoint between steps) is learned as a pause, not a step. When the
   step number where a silence begins fits the spacing of earlier pauses
   (within 2 %), the bound is at least 2 × the longest pause seen.
 - **Marked phases** (``eval``, ``checkpoint``, ... from the probe): at least
   1800 s, or 2 × the longest time that phase took before.
-- **Progress**: past the bound, a silence continues as long as progress keeps
-  coming (the stack moves, at least 1 MiB of I/O, or — when the stack is not
-  known — CPU above 5 % of a core), each sign of life restarting the bound,
-  up to 7200 s after the last step. No progress at all: the hang is declared
-  at the bound.
 - **Fixed** (``--timeout``): the given bound replaces the learned one, with no
   progress extension.
 - **Retries**: every bound is multiplied by ``1.5 ** restarts``, at most 4.
@@ -37,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from trainmedic.errors import UsageError
+from trainmedic.resilience.silence import Silence
 
 TRAIN_PHASE = "train"
 
@@ -48,7 +52,10 @@ class TimeoutConfig:
     Attributes:
         startup_s: bound until the first step and during warm-up.
         fixed_s: ``--timeout``: a fixed step bound instead of the learned one.
-        floor_s: the learned bound is never below this.
+        floor_s: the learned bound is never below this (``--timeout-floor``): the
+            bound of a silence the evidence shows to be a hang.
+        unclear_floor_s: the bound of a silence the evidence cannot classify is
+            never below this (``--unclear-timeout``).
         safety_factor: learned bound = ``safety_factor ×`` the high quantile.
         quantile: which quantile of recent step intervals (0.99 = p99).
         min_quantile_samples: below this many intervals the maximum is used.
@@ -59,18 +66,16 @@ class TimeoutConfig:
         pause_factor: a pause or marked phase may last this many times its longest
             previous duration.
         phase_s: minimum bound inside a marked phase (``eval``, ``checkpoint``).
-        progress_cap_s: a silence with progress is allowed this long after the
-            last step at most.
-        progress_io_bytes: I/O between two progress samples that counts as progress.
-        progress_cpu_share: CPU seconds per second counting as progress when the
-            stack is unknown.
+        progress_cap_s: a silence with work is allowed this long after the last
+            step at most (``--work-cap``).
         retry_growth / max_growth: bounds grow by ``retry_growth`` per restart,
             up to ``max_growth`` times the first attempt's.
     """
 
     startup_s: float = 1800.0
     fixed_s: float | None = None
-    floor_s: float = 120.0
+    floor_s: float = 20.0
+    unclear_floor_s: float = 120.0
     safety_factor: float = 5.0
     quantile: float = 0.99
     min_quantile_samples: int = 100
@@ -81,8 +86,6 @@ class TimeoutConfig:
     pause_factor: float = 2.0
     phase_s: float = 1800.0
     progress_cap_s: float = 7200.0
-    progress_io_bytes: int = 1024 * 1024
-    progress_cpu_share: float = 0.05
     retry_growth: float = 1.5
     max_growth: float = 4.0
 
@@ -90,6 +93,7 @@ class TimeoutConfig:
         positive = {
             "startup_s": self.startup_s,
             "floor_s": self.floor_s,
+            "unclear_floor_s": self.unclear_floor_s,
             "safety_factor": self.safety_factor,
             "pause_ratio": self.pause_ratio,
             "pause_factor": self.pause_factor,
@@ -139,8 +143,11 @@ class TimeoutVerdict:
             nothing else arrives.
         silent_s: seconds since the last step, phase mark or the start.
         quiet_s: seconds since the last sign of life (step, mark or progress).
-        extended: progress evidence moved the deadline past ``bound_s``.
+        extended: evidence of work moved the deadline past ``bound_s``.
         reason: one line for a person.
+        silence: the latest class of the silence (``work``, ``blocked``,
+            ``spinning``, ``peer_wait``, ``source_wait``, ``unclear``), ``None``
+            before any evidence or where evidence does not apply.
     """
 
     hung: bool
@@ -151,6 +158,7 @@ class TimeoutVerdict:
     quiet_s: float
     extended: bool
     reason: str
+    silence: str | None = None
 
 
 @dataclass
@@ -191,7 +199,8 @@ class StepTimeout:
         self._phase_since: float | None = None
         self._interval_tainted = False
         self._last_progress_t: float | None = None
-        self._last_progress_sample_t: float | None = None
+        self._last_unclear_t: float | None = None
+        self._silence: Silence | None = None
 
     # ------------------------------------------------------------ observations
 
@@ -204,6 +213,7 @@ class StepTimeout:
         self._last_step_t = t
         self._last_step = self._last_step + 1 if step is None else step
         self._interval_tainted = False
+        self._silence = None  # a new silence begins: no evidence about it yet
 
     def observe_phase(self, t: float, phase: str) -> None:
         """The probe marked the start of ``phase`` (``train`` ends a marked phase)."""
@@ -211,41 +221,21 @@ class StepTimeout:
             return
         if self._phase != TRAIN_PHASE:
             self._end_phase(t)
+        self._silence = None
         if phase != TRAIN_PHASE:
             self._phase = phase
             self._phase_since = t
             # A step interval that contains a marked phase is not a step's duration.
             self._interval_tainted = True
 
-    def observe_progress(
-        self,
-        t: float,
-        *,
-        cpu_s: float | None = None,
-        io_bytes: int | None = None,
-        stack_changed: bool | None = None,
-    ) -> bool:
-        """Progress evidence since the previous sample; return whether it counts.
-
-        Args:
-            cpu_s: CPU seconds the job's processes used since the previous sample.
-            io_bytes: bytes they read and wrote since the previous sample.
-            stack_changed: whether the main thread's stack differs from the
-                previous sample (``None``: unknown).
-
-        A moving stack or real I/O is progress. CPU alone counts only when the
-        stack is unknown: a thread spinning in place burns CPU on one stack.
-        """
-        since = self._last_progress_sample_t
-        self._last_progress_sample_t = t
-        cfg = self.config
-        progress = bool(stack_changed) or (io_bytes or 0) >= cfg.progress_io_bytes
-        if not progress and stack_changed is None and cpu_s is not None and since is not None:
-            elapsed = t - since
-            progress = elapsed > 0 and cpu_s / elapsed >= cfg.progress_cpu_share
-        if progress:
+    def observe_evidence(self, t: float, silence: Silence) -> None:
+        """The class of the silence over the window ending at ``t``
+        (:func:`~trainmedic.resilience.silence.classify_job`)."""
+        self._silence = silence
+        if silence is Silence.WORK:
             self._last_progress_t = t
-        return progress
+        elif silence is Silence.UNCLEAR:
+            self._last_unclear_t = t
 
     # ----------------------------------------------------------------- verdict
 
@@ -280,23 +270,38 @@ class StepTimeout:
             anchor = self._phase_since
         basis, bound = self._bound()
         bound *= self.growth
-        quiet_anchor = anchor
+        silence = None
+        work_anchor = anchor
         if basis != "fixed" and self._last_progress_t is not None:
-            quiet_anchor = max(anchor, self._last_progress_t)
-        deadline = quiet_anchor + bound
+            work_anchor = max(anchor, self._last_progress_t)
+        if basis in ("learned", "pause"):
+            # Evidence decides which bound applies to the silence since the last work.
+            silence = self._silence
+            unclear_bound = max(bound, cfg.unclear_floor_s * self.growth)
+            deadline = work_anchor + unclear_bound
+            if silence is not None and silence.hang:
+                unclear_t = self._last_unclear_t or anchor
+                deadline = min(deadline, max(work_anchor, unclear_t) + bound)
+            else:
+                bound = unclear_bound
+        else:
+            deadline = work_anchor + bound
         if basis != "fixed":
             deadline = min(deadline, anchor + max(bound, cfg.progress_cap_s))
-        extended = deadline > anchor + bound
+        extended = work_anchor > anchor
         hung = now >= deadline
         silent = now - anchor
-        if hung and extended:
-            reason = f"progress stopped {now - quiet_anchor:.0f} s ago"
-            if quiet_anchor + bound > deadline:
-                reason = f"progress without a step for {silent:.0f} s, the cap"
+        what = silence.value.replace("_", " ") if silence is not None else None
+        if hung and deadline >= anchor + max(bound, cfg.progress_cap_s) and extended:
+            reason = f"work without a step for {silent:.0f} s, the cap"
+        elif hung and extended:
+            reason = f"work stopped {now - work_anchor:.0f} s ago"
         elif hung:
-            reason = f"no step and no progress for {silent:.0f} s"
+            reason = f"no step and no work for {silent:.0f} s"
         else:
             reason = f"{deadline - now:.0f} s left"
+        if hung and what is not None:
+            reason += f", {what}"
         reason += f" (bound {bound:.0f} s, {basis})"
         return TimeoutVerdict(
             hung=hung,
@@ -304,9 +309,10 @@ class StepTimeout:
             bound_s=bound,
             deadline=deadline,
             silent_s=silent,
-            quiet_s=now - quiet_anchor,
+            quiet_s=now - work_anchor,
             extended=extended,
             reason=reason,
+            silence=None if silence is None else silence.value,
         )
 
     def for_next_attempt(self, started_at: float) -> StepTimeout:

@@ -45,6 +45,7 @@ import psutil
 from trainmedic.checkpoint import CHECKPOINT_DIR_ENV
 from trainmedic.findings.model import Finding
 from trainmedic.probe.forensics import STACKS_ENV
+from trainmedic.record.guard import RecordGuard
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import (
     Classification,
@@ -54,6 +55,7 @@ from trainmedic.resilience.classify import (
     classify_failure,
 )
 from trainmedic.resilience.errorfile import ErrorReport
+from trainmedic.resilience.group import StoppedRank, first_stopped
 from trainmedic.resilience.incidents import (
     HANG_DETECTED,
     REMEDY,
@@ -68,9 +70,11 @@ from trainmedic.resilience.policy import (
     RestartState,
     default_policy,
 )
+from trainmedic.resilience.silence import JobEvidence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig, TimeoutVerdict
 from trainmedic.supervise import evidence
 from trainmedic.supervise.forensics import HangForensics, capture_hang, find_py_spy
+from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
@@ -104,7 +108,8 @@ class ResilienceOptions:
     """How ``trainmedic run`` keeps a job alive (the ``run`` command's options).
 
     Attributes:
-        max_restarts: ``--max-restarts``.
+        max_restarts: ``--max-restarts``: failures in a row without progress.
+        max_total_restarts: ``--max-total-restarts``: restarts in all (``None``: no cap).
         time_budget_s: ``--time-budget``: no restart once the run used this long.
         timeout: the step timeout's settings (``--timeout``, ``--startup-timeout``,
             ``--timeout-floor``).
@@ -120,6 +125,7 @@ class ResilienceOptions:
     """
 
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    max_total_restarts: int | None = None
     time_budget_s: float | None = None
     timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
     explicit_timeout: bool = False
@@ -139,6 +145,7 @@ class ResilienceOptions:
             rng=random.Random(self.seed),
             retry_on_exception=self.retry_on_exception,
             backoff_s=self.backoff_s,
+            max_total_restarts=self.max_total_restarts,
         )
 
 
@@ -198,6 +205,10 @@ class AttemptIO:
     mux: TerminalMux
     logs: tuple[tuple[int, str], ...]
     """(our fd, log file name) per stream; the last one holds stderr."""
+    record_guard: RecordGuard | None = None
+    """Stops the logs and attempt files (not the job) when the run directory stops taking writes."""
+    keeper: OutputKeeper | None = None
+    """Holds a copy of each stream, for a supervisor that gets killed."""
 
 
 @dataclass
@@ -213,7 +224,9 @@ class _Attempt:
     launch_error: str | None = None
     hang: HangForensics | None = None
     verdict: TimeoutVerdict | None = None
+    evidence: JobEvidence | None = None
     detected_wall: float | None = None
+    first_stopped: StoppedRank | None = None
     stop: StopReport | None = None
     stopped_by_us: bool = False
 
@@ -303,6 +316,7 @@ class AttemptLoop:
                 duration_s=self._clock() - attempt.started_mono,
                 steps_reached=steps_reached,
                 remedies=applied,
+                trained_s=_trained_s(obs),
             )
             state = dataclasses.replace(
                 state.with_attempt(record, self._clock()),
@@ -394,7 +408,14 @@ class AttemptLoop:
             )
         )
         self._pumps = [
-            OutputPump(job.streams[fd], fd, self.run_dir / name, self.io.mux)
+            OutputPump(
+                job.streams[fd],
+                fd,
+                self.run_dir / name,
+                self.io.mux,
+                guard=self.io.record_guard,
+                keeper=self.io.keeper,
+            )
             for fd, name in self.io.logs
         ]
         for p in self._pumps:
@@ -440,12 +461,25 @@ class AttemptLoop:
         job = attempt.job
         assert job is not None
         attempt.verdict = verdict
+        attempt.evidence = self.watchdog.evidence
         attempt.detected_wall = self._wall()
         directory = self._attempt_dir(attempt.number)
+        why = f" — {attempt.evidence.why}" if attempt.evidence is not None else ""
+        stopped = first_stopped(attempt.evidence, self.watchdog.rank_progress())
+        attempt.first_stopped = stopped
+        group = ""
+        if stopped is not None:
+            group = (
+                f"; the group waits on rank {stopped.rank} (pid {stopped.pid}), "
+                f"which stopped first: {stopped.why}"
+            )
         self._notice(
-            f"attempt {attempt.number} is hung: {verdict.reason}; taking stacks, then stopping it"
+            f"attempt {attempt.number} is hung: {verdict.reason}{why}{group}; taking stacks "
+            "of every process, then stopping the whole job"
         )
-        verdict_data = _verdict_data(verdict)
+        verdict_data = _verdict_data(verdict, attempt.evidence)
+        if stopped is not None:
+            verdict_data["first_stopped"] = stopped.to_data()
         attempt.hang = capture_hang(
             directory,
             self.watchdog.job_processes(),
@@ -521,11 +555,15 @@ class AttemptLoop:
             oom_kill_delta=evidence.oom_kill_delta(self._oom_before, self._oom.read()),
             hang_declared=attempt.hang is not None,
             hang_location=attempt.hang.location if attempt.hang is not None else None,
+            **_hang_evidence(attempt),
             kernel_log=evidence.read_kernel_log(attempt.started_mono) if failed else (),
             terminated_by_supervisor=attempt.stopped_by_us,
             job_pids=obs.pids,
             num_workers=obs.num_workers,
             gpu_faults=evidence.gpu_faults(self.watchdog.gpu_first, self.watchdog.gpu_last),
+            visible_devices=attempt.env.get("CUDA_VISIBLE_DEVICES"),
+            device_order=attempt.env.get("CUDA_DEVICE_ORDER"),
+            gpus=tuple(self.watchdog.gpu_last.values()),
         )
 
     def _decide(self, state: RestartState, c: Classification) -> Decision:
@@ -590,7 +628,10 @@ class AttemptLoop:
                 "basis": attempt.verdict.basis,
                 "detected_after_s": round(attempt.verdict.quiet_s, 3),
                 "reason": attempt.verdict.reason,
+                **{k.removeprefix("hang_"): v for k, v in _hang_evidence(attempt).items()},
             }
+            if attempt.first_stopped is not None:
+                hang["first_stopped"] = attempt.first_stopped.to_data()
         stop = {}
         if attempt.stop is not None:
             s = attempt.stop
@@ -627,9 +668,13 @@ class AttemptLoop:
         )
         self._event(attempt_event(summary, self._wall()))
         stacks = self._attempt_dir(n) / "stacks.txt"
-        if stacks.exists() and stacks.stat().st_size == 0:
-            stacks.unlink()  # no process was asked for its stacks
-        _write_private_json(self._attempt_dir(n) / ATTEMPT_FILE, summary.to_data())
+
+        def write_files() -> None:
+            if stacks.exists() and stacks.stat().st_size == 0:
+                stacks.unlink()  # no process was asked for its stacks
+            _write_private_json(self._attempt_dir(n) / ATTEMPT_FILE, summary.to_data())
+
+        self._guarded(ATTEMPT_FILE, write_files)
         return summary
 
     # --- acting between attempts ---------------------------------------------------------------
@@ -657,13 +702,30 @@ class AttemptLoop:
 
     # --- helpers ------------------------------------------------------------------------------
 
+    @property
+    def pumps(self) -> tuple[OutputPump, ...]:
+        """The output pumps of the current attempt."""
+        return tuple(getattr(self, "_pumps", ()))
+
     def _attempt_dir(self, number: int) -> Path:
         directory = self.run_dir / ATTEMPTS_DIR / str(number)
-        if not directory.is_dir():
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(directory, 0o700)
-            os.chmod(directory.parent, 0o700)
+
+        def make() -> None:
+            if not directory.is_dir():
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(directory, 0o700)
+                os.chmod(directory.parent, 0o700)
+
+        self._guarded(ATTEMPTS_DIR, make)
         return directory
+
+    def _guarded(self, what: str, write: Callable[[], None]) -> None:
+        """A write into the run directory; a full disk stops the record, not the run."""
+        guard = self.io.record_guard
+        if guard is not None:
+            guard.attempt(what, write)
+            return
+        write()
 
     def _notice(self, text: str) -> None:
         self.io.mux.notice(text)
@@ -673,24 +735,51 @@ class AttemptLoop:
 
 
 def _steps_reached(number: int, obs: AttemptObservations, resume: ResumePoint | None) -> int | None:
-    """The furthest step of the run the attempt reached (see ``AttemptRecord``)."""
+    """The furthest step of the run the attempt reached (see ``AttemptRecord``);
+    ``None`` when a later attempt's starting step is unknown (its own count of
+    steps says nothing about how far the run got)."""
     start = obs.resume_step
     if start is None and resume is not None:
         start = resume.step
     if start is None and number == 1:
         start = 0
-    return obs.steps + (start or 0)
+    if start is None:
+        return None
+    return obs.steps + start
 
 
-def _verdict_data(v: TimeoutVerdict) -> dict[str, Any]:
-    return {
+def _verdict_data(v: TimeoutVerdict, evidence: JobEvidence | None) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "reason": v.reason,
         "basis": v.basis,
         "bound_s": round(v.bound_s, 3),
         "silent_s": round(v.silent_s, 3),
         "quiet_s": round(v.quiet_s, 3),
         "extended": v.extended,
+        "silence": v.silence,
     }
+    if evidence is not None:
+        data["evidence"] = evidence.to_data()
+    return data
+
+
+def _hang_evidence(attempt: _Attempt) -> dict[str, Any]:
+    """The hang's class, source and deciding evidence (:class:`FailureEvidence` fields)."""
+    if attempt.verdict is None:
+        return {}
+    e = attempt.evidence
+    silence = attempt.verdict.silence
+    return {
+        "hang_silence": silence,
+        "hang_source": e.source if e is not None and silence == e.silence.value else None,
+        "hang_evidence": e.why if e is not None and silence == e.silence.value else None,
+    }
+
+
+def _trained_s(obs: AttemptObservations) -> float | None:
+    if obs.first_step_start is None or obs.last_step_end is None:
+        return None
+    return max(0.0, obs.last_step_end - obs.first_step_start)
 
 
 def _with_detail(
@@ -705,6 +794,15 @@ def _with_detail(
         evidence["forensics"] = [str(rel / f) for f in attempt.hang.files]
         notes = "; ".join(attempt.hang.notes)
         detail = attempt.hang.summary + (f" ({notes})" if notes else "")
+        stopped = attempt.first_stopped
+        if stopped is not None:
+            # A distributed job hangs as a group: the rank the others wait on.
+            evidence["rank"] = stopped.rank
+            evidence["first_stopped"] = stopped.to_data()
+            detail += (
+                f"; the group waited on rank {stopped.rank} (pid {stopped.pid}), which "
+                f"stopped first: {stopped.why}"
+            )
     else:
         trace = _traceback(c, attempt, directory)
         if trace:

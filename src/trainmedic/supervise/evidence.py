@@ -155,7 +155,7 @@ def gpu_faults(
         start = first.get(index)
         if start is None:
             continue
-        ref = GpuRef(index=index, uuid=end.uuid or None)
+        ref = end.ref
         grew = _grew(start.ecc.volatile_uncorrected, end.ecc.volatile_uncorrected)
         if grew:
             faults.append(GpuFault(ref, f"volatile uncorrected ECC errors +{grew}"))
@@ -174,4 +174,4 @@ def _grew(before: int | None, after: int | None) -> int:
 
 def gpu_refs(samples: Iterable[GpuSample]) -> tuple[GpuRef, ...]:
     """The machine's GPUs as the remedies name them."""
-    return tuple(GpuRef(index=s.index, uuid=s.uuid or None) for s in samples)
+    return tuple(s.ref for s in samples)

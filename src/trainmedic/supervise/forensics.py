@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +196,10 @@ def capture_hang(
         notes=tuple(cap.notes),
         took_s=clock() - t0,
     )
-    _write_hang_file(directory, forensics, verdict, last_steps, gpu)
+    try:
+        _write_hang_file(directory, forensics, verdict, last_steps, gpu)
+    except OSError as exc:  # a full disk must not keep a hung job from being stopped
+        forensics = replace(forensics, notes=(*forensics.notes, f"hang.json not written: {exc}"))
     return forensics
 
 

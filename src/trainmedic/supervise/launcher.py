@@ -21,6 +21,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import secrets
 import shutil
 import signal
 import struct
@@ -36,6 +37,7 @@ import psutil
 
 import trainmedic
 from trainmedic.errors import TrainmedicError
+from trainmedic.ostext import printable
 from trainmedic.probe import BOOTSTRAP_DIR
 from trainmedic.probe import env as probe_env
 
@@ -68,10 +70,23 @@ def probe_environment(
 ) -> dict[str, str]:
     """The job's environment: ``base`` plus what the probe needs.
 
-    The bootstrap directory goes first on ``PYTHONPATH``; an existing
-    ``PYTHONPATH`` follows unchanged.
+    The variables make the start-up hook installed with trainmedic
+    (``trainmedic-probe.pth``) load the probe in every interpreter of an
+    environment that has it, whatever ``PYTHONPATH`` becomes; for other
+    interpreters the bootstrap directory goes first on ``PYTHONPATH`` (an
+    existing ``PYTHONPATH`` follows unchanged). docs/run.md, "Probe loading".
+    What an earlier trainmedic left in ``base`` (a shell started inside a run
+    whose supervisor is gone) is dropped first, so the job never reports to
+    another run's socket: with ``probe=False`` the job gets no probe at all.
     """
     env = dict(base)
+    for name in (probe_env.ADDR, probe_env.TOKEN):
+        env.pop(name, None)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not _is_bootstrap(p)]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        env.pop("PYTHONPATH", None)
     if not probe:
         return env
     existing = env.get("PYTHONPATH")
@@ -81,6 +96,30 @@ def probe_environment(
     env[probe_env.HOME] = str(Path(trainmedic.__file__).resolve().parent.parent)
     env[probe_env.RUN_DIR] = str(run_dir.resolve())
     return env
+
+
+def _is_bootstrap(entry: str) -> bool:
+    """Whether a ``PYTHONPATH`` entry is a trainmedic probe bootstrap directory (any install)."""
+    path = Path(entry)
+    own = Path(BOOTSTRAP_DIR)
+    return path == own or (
+        path.name == own.name
+        and path.parent.name == own.parent.name
+        and (path / "sitecustomize.py").is_file()
+    )
+
+
+_NOT_THE_JOB: set[int] = set()
+
+JOB_ENV = "TRAINMEDIC_JOB"
+"""Set in the job's environment to a value unique to the job: its processes
+inherit it, so one that re-parents to trainmedic is still known as the job's."""
+
+
+def exclude_from_job(pid: int) -> None:
+    """A child of trainmedic's own (the output keeper) that is never part of a job:
+    not sampled, not stopped as a leftover."""
+    _NOT_THE_JOB.add(pid)
 
 
 def become_subreaper() -> bool:
@@ -94,28 +133,35 @@ def become_subreaper() -> bool:
         return False
 
 
-def _resolve(argv0: str, env: Mapping[str, str]) -> str:
+def resolve_command(argv0: str, env: Mapping[str, str]) -> str:
     """The executable ``argv0`` names, as a shell would find it.
 
     Raises:
-        CommandNotFoundError / CommandNotExecutableError.
+        CommandNotFoundError / CommandNotExecutableError (names over the
+        filesystem's limits included: they exist nowhere).
     """
-    if os.sep in argv0:
-        path = Path(argv0)
-        if not path.exists():
-            raise CommandNotFoundError(f"command not found: {argv0}")
-        if path.is_dir() or not os.access(path, os.X_OK):
-            raise CommandNotExecutableError(f"command not executable: {argv0}")
-        return argv0
-    found = shutil.which(argv0, path=env.get("PATH", os.defpath))
-    if found is None:
-        # Distinguish "exists but not executable" the way shells do.
-        for directory in env.get("PATH", os.defpath).split(os.pathsep):
-            candidate = Path(directory or ".") / argv0
-            if candidate.is_file():
-                raise CommandNotExecutableError(f"command not executable: {argv0}")
-        raise CommandNotFoundError(f"command not found: {argv0}")
-    return found
+    shown = printable(argv0)
+    if not argv0:
+        raise CommandNotFoundError("command not found: '' (an empty command name)")
+    try:
+        if os.sep in argv0:
+            path = Path(argv0)
+            if not path.exists():
+                raise CommandNotFoundError(f"command not found: {shown}")
+            if path.is_dir() or not os.access(path, os.X_OK):
+                raise CommandNotExecutableError(f"command not executable: {shown}")
+            return argv0
+        found = shutil.which(argv0, path=env.get("PATH", os.defpath))
+        if found is None:
+            # Distinguish "exists but not executable" the way shells do.
+            for directory in env.get("PATH", os.defpath).split(os.pathsep):
+                candidate = Path(directory or ".") / argv0
+                if candidate.is_file():
+                    raise CommandNotExecutableError(f"command not executable: {shown}")
+            raise CommandNotFoundError(f"command not found: {shown}")
+        return found
+    except OSError as exc:  # a name too long, a directory on PATH it may not read
+        raise CommandNotFoundError(f"command not found: {shown} ({exc.strerror or exc})") from None
 
 
 @dataclass
@@ -165,11 +211,17 @@ def _open_pty(like_fd: int) -> tuple[int, int]:
 class Job:
     """The user's command, running."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], streams: dict[int, OutputStream]) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], streams: dict[int, OutputStream], token: str = ""
+    ) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.streams = streams
-        self.seen: dict[int, float] = {}
+        # Processes ever seen in the leader's tree, and our own children that
+        # are not the job's, each as (pid, start time): a pid alone may be reused.
+        self._members: set[tuple[int, float]] = set()
+        self._strangers: set[tuple[int, float]] = set()
+        self.token = token
 
     @classmethod
     def start(
@@ -193,7 +245,11 @@ class Job:
         """
         if not argv:
             raise CommandNotFoundError("no command given")
-        executable = _resolve(argv[0], env)
+        executable = resolve_command(argv[0], env)
+        # Marks the job's processes for good: one that re-parents to trainmedic
+        # is told apart from trainmedic's own helpers by it.
+        token = f"{os.getpid()}-{secrets.token_hex(6)}"
+        env = {**env, JOB_ENV: token}
         streams: dict[int, OutputStream] = {}
         child_ends: dict[int, int] = {}
         try:
@@ -219,13 +275,14 @@ class Job:
                     close_fds=True,
                 )
             except FileNotFoundError:
-                raise CommandNotFoundError(f"command not found: {argv[0]}") from None
+                raise CommandNotFoundError(f"command not found: {printable(argv[0])}") from None
             except PermissionError:
-                raise CommandNotExecutableError(f"command not executable: {argv[0]}") from None
+                shown = printable(argv[0])
+                raise CommandNotExecutableError(f"command not executable: {shown}") from None
             except OSError as exc:
                 if exc.errno == errno.ENOEXEC:
                     raise CommandNotExecutableError(
-                        f"command not executable: {argv[0]} (exec format error)"
+                        f"command not executable: {printable(argv[0])} (exec format error)"
                     ) from None
                 raise
         except BaseException:
@@ -237,7 +294,7 @@ class Job:
             for fd in child_ends.values():
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        return cls(popen, streams)
+        return cls(popen, streams, token)
 
     # --- observing ---------------------------------------------------------------------
 
@@ -257,7 +314,12 @@ class Job:
 
     def descendants(self) -> list[psutil.Process]:
         """Live processes of the job: the leader's tree while it lives, plus
-        processes re-parented to trainmedic (the subreaper) afterwards."""
+        processes re-parented to trainmedic (the subreaper) afterwards.
+
+        A child of trainmedic's counts only when it was seen in the job's tree
+        before or carries the job's mark (:data:`JOB_ENV`): trainmedic's own
+        helpers, or those of a program that embeds it, are never the job's.
+        """
         found: dict[int, psutil.Process] = {}
         with contextlib.suppress(psutil.Error):
             leader = psutil.Process(self.pid)
@@ -265,11 +327,37 @@ class Job:
                 found[leader.pid] = leader
             for p in leader.children(recursive=True):
                 found[p.pid] = p
+        for p in found.values():
+            with contextlib.suppress(psutil.Error):
+                self._members.add((p.pid, p.create_time()))
         with contextlib.suppress(psutil.Error):
-            for p in psutil.Process().children(recursive=True):
-                if p.pid != self.pid:
-                    found.setdefault(p.pid, p)
+            for child in psutil.Process().children():
+                if child.pid == self.pid or child.pid in _NOT_THE_JOB or child.pid in found:
+                    continue
+                if not self._is_member(child):
+                    continue
+                found[child.pid] = child
+                with contextlib.suppress(psutil.Error):
+                    for p in child.children(recursive=True):
+                        found.setdefault(p.pid, p)
         return [p for p in found.values() if _alive(p)]
+
+    def _is_member(self, proc: psutil.Process) -> bool:
+        """Whether a child of trainmedic's that is not the leader belongs to the job."""
+        try:
+            key = (proc.pid, proc.create_time())
+        except psutil.Error:
+            return False
+        if key in self._members:
+            return True
+        if key in self._strangers:
+            return False
+        try:
+            marked = bool(self.token) and proc.environ().get(JOB_ENV) == self.token
+        except psutil.Error:
+            marked = False  # gone, or its environment unreadable: not provably ours
+        (self._members if marked else self._strangers).add(key)
+        return marked
 
     # --- acting ----------------------------------------------------------------------------
 

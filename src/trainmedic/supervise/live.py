@@ -31,6 +31,8 @@ WINDOW_STEPS = 50
 MIN_CERTAIN_STEPS = 20
 """Steps in the window before a share-based warning is certain."""
 DATA_WAIT_WARN_SHARE = 0.5
+STRAGGLER_GAP_SHARE = 0.3
+"""A rank whose data wait exceeds the others' median by this share of step time."""
 GPU_WINDOW_S = 30.0
 GPU_LOW_UTIL_PCT = 40.0
 GPU_MIN_SAMPLES = 10
@@ -81,6 +83,17 @@ class LiveStatus:
     gpus: tuple[GpuNow, ...]
     job_cpu_cores: float | None
     warnings: tuple[str, ...]
+    ranks: tuple[RankNow, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankNow:
+    """One rank over its last :data:`WINDOW_STEPS` steps (distributed runs)."""
+
+    rank: int
+    steps: int
+    step_time_s: float | None
+    data_wait_share: float | None
 
 
 class LiveAggregate:
@@ -171,7 +184,8 @@ class LiveAggregate:
             samples_per_s = _samples_per_s(self._steps.values())
             gpus = tuple(self._gpu_now(i) for i in sorted(self._gpu))
             host = self._host
-            warnings = self._warnings(window, wait_share, gpus)
+            ranks = self._ranks_now()
+            warnings = self._warnings(window, wait_share, gpus, ranks)
             return LiveStatus(
                 elapsed_s=max(0.0, now - self.started_at),
                 steps=steps,
@@ -183,7 +197,36 @@ class LiveAggregate:
                 gpus=gpus,
                 job_cpu_cores=None if host is None else host.job_cpu_pct / 100.0,
                 warnings=warnings,
+                ranks=ranks,
             )
+
+    def _ranks_now(self) -> tuple[RankNow, ...]:
+        """Each rank's newest process (a restarted rank has a new pid)."""
+        latest: dict[int, int] = {}
+        for pid, rank in self._ranks.items():
+            steps = self._steps.get(pid)
+            if not steps:
+                continue
+            known = latest.get(rank)
+            if known is None or steps[-1].t > self._steps[known][-1].t:
+                latest[rank] = pid
+        if len(latest) < 2:
+            return ()
+        out = []
+        for rank in sorted(latest):
+            recent = list(self._steps[latest[rank]])
+            duration = sum(s.duration_s for s in recent)
+            out.append(
+                RankNow(
+                    rank=rank,
+                    steps=len(recent),
+                    step_time_s=sorted(s.duration_s for s in recent)[len(recent) // 2],
+                    data_wait_share=sum(s.data_wait_s for s in recent) / duration
+                    if duration > 0
+                    else None,
+                )
+            )
+        return tuple(out)
 
     def _gpu_now(self, index: int) -> GpuNow:
         s = self._gpu[index]
@@ -201,9 +244,16 @@ class LiveAggregate:
         )
 
     def _warnings(
-        self, window: Sequence[StepRecord], wait_share: float | None, gpus: Sequence[GpuNow]
+        self,
+        window: Sequence[StepRecord],
+        wait_share: float | None,
+        gpus: Sequence[GpuNow],
+        ranks: Sequence[RankNow] = (),
     ) -> tuple[str, ...]:
         out: list[str] = []
+        straggler = _straggler(ranks)
+        if straggler is not None:
+            out.append(straggler)
         if (
             wait_share is not None
             and len(window) >= MIN_CERTAIN_STEPS
@@ -251,6 +301,23 @@ class LiveAggregate:
             out.append(f"CUDA out-of-memory errors: {self._ooms}")
         out.extend(self._event_warnings)
         return tuple(out[:MAX_WARNINGS])
+
+
+def _straggler(ranks: Sequence[RankNow]) -> str | None:
+    """One rank waiting for its data far longer than the others, over enough steps
+    (the others then wait for it in the all-reduce); the final report measures it."""
+    known = [r for r in ranks if r.data_wait_share is not None and r.steps >= MIN_CERTAIN_STEPS]
+    if len(known) < 2:
+        return None
+    worst = max(known, key=lambda r: r.data_wait_share or 0.0)
+    others = sorted(r.data_wait_share or 0.0 for r in known if r is not worst)
+    typical = others[len(others) // 2]
+    if (worst.data_wait_share or 0.0) - typical < STRAGGLER_GAP_SHARE:
+        return None
+    return (
+        f"rank {worst.rank} straggles: waits for data {worst.data_wait_share:.0%} of its "
+        f"steps, the others {typical:.0%}"
+    )
 
 
 def _samples_per_s(windows: Iterable[deque[StepRecord]]) -> float | None:
@@ -303,6 +370,18 @@ def status_fields(s: LiveStatus) -> list[str]:
     return fields
 
 
+def rank_fields(s: LiveStatus, most: int = 8) -> list[str]:
+    """``r0 22ms w1%`` per rank (the first ``most``, then how many more)."""
+    out = []
+    for r in s.ranks[:most]:
+        step = "–" if r.step_time_s is None else f"{r.step_time_s * 1000:.0f}ms"
+        wait = "–" if r.data_wait_share is None else f"{r.data_wait_share:.0%}"
+        out.append(f"r{r.rank} {step} wait {wait}")
+    if len(s.ranks) > most:
+        out.append(f"+{len(s.ranks) - most} ranks")
+    return out
+
+
 def plain_line(s: LiveStatus) -> str:
     """One line for a log: ``trainmedic [0:01:23] step 120 | 3.10 steps/s | ...``."""
     line = f"trainmedic [{_clock(s.elapsed_s)}] " + " | ".join(status_fields(s))
@@ -320,6 +399,8 @@ def render_panel(
     body.append("  ".join(fields[:4]), style="bold")
     if len(fields) > 4:
         body.append("\n" + "  ".join(fields[4:]))
+    if s.ranks:
+        body.append("\nranks: " + "  ".join(rank_fields(s)))
     for w in s.warnings:
         body.append("\n▲ " + w, style="yellow")
     panel = Panel(

@@ -4,6 +4,8 @@ One :class:`OutputPump` thread per stream reads the job's bytes as they come
 and hands each chunk, unchanged, to :class:`TerminalMux` (trainmedic's own
 stdout or stderr) and to ``stdout.log`` / ``stderr.log``. Partial lines and
 carriage returns pass as they are, so progress bars still redraw in place.
+Neither a closed stdout (``| head``) nor a full disk stops the job's writes:
+the pump keeps reading, and stops only the destination that failed.
 
 :class:`TerminalMux` is the only writer of trainmedic's stdout and stderr
 while the job runs. It knows whether each stream stands at the start of a
@@ -16,12 +18,16 @@ line start.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from trainmedic.record.guard import RecordGuard
 from trainmedic.supervise.launcher import OutputStream, same_destination
+
+if TYPE_CHECKING:
+    from trainmedic.supervise.keeper import OutputKeeper
 
 _READ_BYTES = 64 * 1024
 _ERASE_UP = "\x1b[{n}F\x1b[J"  # to the start of the line n lines up, then clear below
@@ -82,11 +88,12 @@ class TerminalMux:
                 self._erase_panel()
             try:
                 _write_all(fd, data)
-            except OSError as exc:
-                if exc.errno in (errno.EPIPE, errno.EBADF, errno.EIO):
-                    self.broken.add(fd)
-                    return False
-                raise
+            except OSError:
+                # EPIPE (the reader went away), EIO (the terminal closed), ENOSPC
+                # (``> file`` on a full disk), ...: stop writing there, for good;
+                # the pump goes on reading, so the job never notices.
+                self.broken.add(fd)
+                return False
             self._line_start[self._key[fd]] = data.endswith(b"\n")
             return True
 
@@ -142,22 +149,47 @@ class TerminalMux:
 class OutputPump(threading.Thread):
     """Copies one of the job's streams to trainmedic's stream and to a log file.
 
-    When trainmedic's own stream breaks (a closed pipe), the pump stops reading,
-    so the job gets the broken pipe it would have got without trainmedic.
+    When trainmedic's own stream breaks (its reader went away: ``| head``),
+    the pump stops forwarding but keeps reading into the log: the job writes
+    into trainmedic's pipe, which stays open, so its writes go on succeeding
+    and the log stays complete. Log writes go through ``guard``: a full disk
+    stops the log, never the forwarding. ``keeper`` (when given) holds a
+    copy of the stream for the case trainmedic itself is killed
+    (:mod:`trainmedic.supervise.keeper`).
     """
 
     def __init__(
-        self, stream: OutputStream, target_fd: int, log_path: Path, mux: TerminalMux
+        self,
+        stream: OutputStream,
+        target_fd: int,
+        log_path: Path,
+        mux: TerminalMux,
+        guard: RecordGuard | None = None,
+        keeper: OutputKeeper | None = None,
     ) -> None:
         super().__init__(name=f"trainmedic-output-{target_fd}", daemon=True)
         self.stream = stream
         self.target_fd = target_fd
         self.log_path = log_path
         self.mux = mux
+        self.guard = guard or RecordGuard()
+        self.keeper = keeper
         self.bytes = 0
+        self.forwarded = 0
+        self._held: int | None = None
+        if keeper is not None:
+            self._held = keeper.hold(stream.fd, target_fd, log_path)
 
     def run(self) -> None:
-        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        name = self.log_path.name
+        log_fd: int | None = None
+
+        def open_log() -> None:
+            nonlocal log_fd
+            log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+        self.guard.attempt(name, open_log)
+        forwarding = True
         try:
             while True:
                 try:
@@ -169,11 +201,18 @@ class OutputPump(threading.Thread):
                 if not data:
                     break
                 self.bytes += len(data)
-                with contextlib.suppress(OSError):
-                    _write_all(log_fd, data)
-                if not self.mux.write_job(self.target_fd, data):
-                    break
+                if log_fd is not None:
+                    self.guard.write_all(log_fd, data, name)
+                else:
+                    self.guard.lose(name, size=len(data))
+                if forwarding:
+                    forwarding = self.mux.write_job(self.target_fd, data)
+                    if forwarding:
+                        self.forwarded += len(data)
         finally:
-            os.close(log_fd)
+            if log_fd is not None:
+                os.close(log_fd)
+            if self.keeper is not None and self._held is not None:
+                self.keeper.release(self._held)
             with contextlib.suppress(OSError):
                 os.close(self.stream.fd)

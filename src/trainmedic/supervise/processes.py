@@ -27,12 +27,15 @@ class ProcessState:
     Attributes:
         last_heartbeat: the latest heartbeat, ``None`` before the first.
         exited_at: Unix time of its goodbye, ``None`` while it runs (or if it died).
+        heartbeat_received: Unix time the latest heartbeat arrived (its ``t`` is
+            when it was sent: the difference is its time in transit).
     """
 
     hello: Hello
     torch: TorchInfo | None = None
     last_heartbeat: Heartbeat | None = None
     exited_at: float | None = None
+    heartbeat_received: float | None = None
 
 
 class ProcessTable:
@@ -122,7 +125,7 @@ class MessageRouter:
             for s in self.sinks:
                 s.add_step(message)
         elif isinstance(message, Heartbeat):
-            self.table.update(message.pid, last_heartbeat=message)
+            self.table.update(message.pid, last_heartbeat=message, heartbeat_received=self._wall())
         elif isinstance(message, LoaderActivity):
             for s in self.sinks:
                 s.add_loader_activity(message)
@@ -171,6 +174,9 @@ class MessageRouter:
                     "role": h.role,
                     "rank": h.rank,
                     "local_rank": h.local_rank,
+                    "node": h.node,
+                    "node_rank": h.node_rank,
+                    "world_size": h.world_size,
                     "argv": list(h.argv),
                     "python": h.python,
                 },

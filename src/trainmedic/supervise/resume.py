@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmedic.checkpoint import CHECKPOINT_DIR_ENV, Checkpointer
+from trainmedic import jsonfile
+from trainmedic.checkpoint import CHECKPOINT_DIR_ENV, MAX_MANIFEST_BYTES, Checkpointer
 from trainmedic.errors import CheckpointError, UsageError
 
 CHECKPOINTS_SUBDIR = "checkpoints"
 """``$TRAINMEDIC_CHECKPOINT_DIR`` inside the run directory."""
 PLACEHOLDERS = ("checkpoint", "step")
-_PLACEHOLDER_RE = re.compile(r"\{(\w*)\}")
+# An escaped brace, a {field}, or a lone brace (an error).
+_FIELD_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _NUMBER_RE = re.compile(r"(\d+)")
 
 
@@ -53,27 +54,53 @@ class ResumePoint:
 
 
 def parse_resume_template(template: str) -> tuple[str, ...]:
-    """The template's arguments; raise :class:`UsageError` for an unknown placeholder."""
+    """The template's arguments, checked: ``{checkpoint}`` and ``{step}`` are the
+    only placeholders, ``{{`` and ``}}`` stand for literal braces, and anything
+    else with a brace (``{checkpoint``, ``{step!r}``, ``{0}``) is refused.
+
+    Raises:
+        UsageError: naming the argument and what is wrong in it.
+    """
     try:
         args = tuple(shlex.split(template))
     except ValueError as exc:
         raise UsageError(f"--resume-args {template!r}: {exc}") from None
     if not args:
         raise UsageError("--resume-args is empty")
+    known = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
     for arg in args:
-        for name in _PLACEHOLDER_RE.findall(arg):
-            if name not in PLACEHOLDERS:
+        for m in _FIELD_RE.finditer(arg):
+            token, name = m.group(), m.group(1)
+            if token in ("{{", "}}") or name in PLACEHOLDERS:
+                continue
+            where = f"--resume-args: {arg!r}"
+            if token == "{":
+                raise UsageError(f"{where}: '{{' without its '}}' (write '{{{{' for a brace)")
+            if token == "}":
+                raise UsageError(f"{where}: '}}' without its '{{' (write '}}}}' for a brace)")
+            base = re.split(r"[!:.\[]", name, maxsplit=1)[0]
+            if base in PLACEHOLDERS:
                 raise UsageError(
-                    f"--resume-args: unknown placeholder {{{name}}} "
-                    f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
+                    f"{where}: {token} has a conversion or format; only {known} are replaced"
                 )
+            raise UsageError(f"{where}: unknown placeholder {token} (known: {known})")
     return args
 
 
 def resume_arguments(template: tuple[str, ...], point: ResumePoint) -> list[str]:
-    """The template with ``{checkpoint}`` and ``{step}`` filled in."""
-    step = "" if point.step is None else str(point.step)
-    return [a.replace("{checkpoint}", str(point.path)).replace("{step}", step) for a in template]
+    """The template with ``{checkpoint}`` and ``{step}`` filled in, ``{{``/``}}`` as braces."""
+    values = {
+        "checkpoint": str(point.path),
+        "step": "" if point.step is None else str(point.step),
+    }
+
+    def fill(m: re.Match[str]) -> str:
+        token = m.group()
+        if token in ("{{", "}}"):
+            return token[0]
+        return values.get(m.group(1) or "", token)
+
+    return [_FIELD_RE.sub(fill, a) for a in template]
 
 
 def checkpoint_dir(run_dir: Path, env: dict[str, str]) -> Path:
@@ -101,9 +128,11 @@ def newest_checkpointer_checkpoint(directory: Path) -> ResumePoint | None:
         return None
     for info in candidates:
         try:
-            manifest = json.loads(info.manifest.read_text(encoding="utf-8"))
+            manifest = jsonfile.read_json(info.manifest, max_bytes=MAX_MANIFEST_BYTES)
             size = int(manifest["size_bytes"])
             digest = str(manifest["sha256"])
+            if not isinstance(manifest, dict):
+                continue
             if info.data.stat().st_size != size or _sha256(info.data) != digest:
                 continue
         except (OSError, ValueError, KeyError, TypeError):

@@ -27,6 +27,8 @@ import psutil
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent
+from trainmedic.supervise.census import ProcessCensus
+from trainmedic.supervise.threads import ThreadReading, ThreadSampler
 
 GPU_PERIOD_S = 1.0
 """Seconds between GPU readings when they are cheap."""
@@ -166,6 +168,8 @@ class HostSampler:
         root_pid: the job's leader.
         tree: the job's processes now (the launcher's view: leader's tree plus
             adopted orphans).
+        threads: reads the job's threads' scheduler counters (run-queue delay).
+        census: remembers every process of the tree (the probe's reach).
     """
 
     def __init__(
@@ -177,8 +181,12 @@ class HostSampler:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         period_s: float = HOST_PERIOD_S,
+        threads: ThreadSampler | None = None,
+        census: ProcessCensus | None = None,
     ) -> None:
         self.root_pid = root_pid
+        self.threads = threads
+        self.census = census
         self._sink = sink
         self._tree = tree or self._default_tree
         self._cgroup_cpu = cgroup_cpu or (lambda: (None, None))
@@ -211,7 +219,8 @@ class HostSampler:
     def read(self) -> HostSample | None:
         now = self._monotonic()
         wall = self._wall()
-        job_cpu_s, rss, count = self._tree_cpu()
+        job_cpu_s, rss, count = self._tree_cpu(wall)
+        threads = self._read_threads(now)  # the first call takes its baseline
         self._last_wall = wall
         cpu = psutil.cpu_times()
         disk = _disk()
@@ -251,9 +260,28 @@ class HostSampler:
             swap_used_bytes=int(swap.used),
             others_cpu_pct=others,
             cgroup_throttled_s=throttled,
+            steal_pct=_steal_pct(previous_cpu, cpu),
+            train_threads=threads.train_threads or None if threads else None,
+            train_cpu_cores=threads.train_cpu_cores if threads else None,
+            train_wait_cores=threads.train_wait_cores if threads else None,
+            train_wait_max_share=threads.train_wait_max_share if threads else None,
+            helper_cpu_cores=threads.helper_cpu_cores if threads else None,
+            helper_wait_cores=threads.helper_wait_cores if threads else None,
+            loader_cpu_cores=threads.loader_cpu_cores if threads else None,
+            loader_wait_cores=threads.loader_wait_cores if threads else None,
+            job_wait_cores=threads.job_wait_cores if threads else None,
+            job_threads=threads.job_threads if threads else None,
         )
 
-    def _tree_cpu(self) -> tuple[float, int, int]:
+    def _read_threads(self, now: float) -> ThreadReading | None:
+        if self.threads is None:
+            return None
+        try:
+            return self.threads.read([key[0] for key in self._seen], now)
+        except Exception:
+            return None  # scheduler counters only refine the reading
+
+    def _tree_cpu(self, wall: float) -> tuple[float, int, int]:
         """(CPU seconds the tree used since the last reading, RSS bytes, processes)."""
         delta = 0.0
         rss = 0
@@ -265,6 +293,8 @@ class HostSampler:
                     times = p.cpu_times()
                     cpu_s = times.user + times.system
                     rss += p.memory_info().rss
+                    if self.census is not None:
+                        self.census.observe(p, key, cpu_s, wall)
             except psutil.Error:
                 continue
             previous = self._seen.get(key)
@@ -300,6 +330,17 @@ def _cpu_shares(before: object | None, after: object) -> tuple[float | None, flo
         max(0.0, min(100.0, 100.0 * busy / span)),
         None if io is None else max(0.0, min(100.0, 100.0 * io / span)),
     )
+
+
+def _steal_pct(before: object | None, after: object) -> float | None:
+    """CPU time stolen by the hypervisor between two ``psutil.cpu_times()``, percent."""
+    if before is None or getattr(after, "steal", None) is None:
+        return None
+    span = float(sum(after)) - float(sum(before))  # type: ignore[call-overload]
+    if span <= 0:
+        return None
+    steal = getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)
+    return max(0.0, min(100.0, 100.0 * steal / span))
 
 
 def _disk() -> tuple[int, int] | None:

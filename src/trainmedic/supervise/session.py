@@ -13,6 +13,7 @@ caller's (the ``run`` command).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
@@ -27,12 +28,15 @@ from typing import Any
 from trainmedic import __version__
 from trainmedic.channel.server import ChannelServer
 from trainmedic.doctor.facts import GpuFacts, MachineFacts
+from trainmedic.errors import RunDirectoryError
 from trainmedic.framework.torch_build import TorchBuild, parse_cuda_version, read_torch_build
 from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none
 from trainmedic.gpu.types import GpuSample
 from trainmedic.host.types import HostFacts
+from trainmedic.ostext import printable
 from trainmedic.probe import env as probe_env
-from trainmedic.record.store import RunRecordWriter
+from trainmedic.record.guard import RecordGuard, RecordLoss, WriteFn
+from trainmedic.record.store import META_FILE, RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
 from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.simulation import Simulation, load_simulation
@@ -43,6 +47,9 @@ from trainmedic.supervise.attempts import (
     ResilienceOptions,
     StopRequests,
 )
+from trainmedic.supervise.census import ProcessCensus
+from trainmedic.supervise.fallback import run_on_unsupervised
+from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
     become_subreaper,
     exit_status,
@@ -51,16 +58,21 @@ from trainmedic.supervise.launcher import (
     same_destination,
 )
 from trainmedic.supervise.live import LiveAggregate, LiveView
+from trainmedic.supervise.metrics import MetricsState
 from trainmedic.supervise.output import TerminalMux
 from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.rundir import command_name
 from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
+from trainmedic.supervise.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
 from trainmedic.supervise.watchdog import Watchdog
+from trainmedic.supervise.xid_watch import XidWatcher
 
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 OUTPUT_LOG = "output.log"
 """Both streams, in the order written, when they share trainmedic's terminal or file."""
+FLUSH_EVERY_S = 2.0
+"""How often buffered record lines are pushed to the files (what a killed supervisor loses)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,8 @@ class RunOutcome:
         machine: the machine's facts, for diagnosis.
         leftovers: pids the job left running that trainmedic stopped.
         attempts: every attempt of the job (one unless it was restarted).
+        record_loss: what the record lost when the run directory stopped taking
+            writes (a full disk), else ``None``.
     """
 
     run_dir: Path
@@ -105,6 +119,7 @@ class RunOutcome:
     machine: MachineFacts | None
     leftovers: tuple[int, ...] = ()
     attempts: tuple[AttemptSummary, ...] = ()
+    record_loss: RecordLoss | None = None
 
 
 class _FactsGatherer(threading.Thread):
@@ -151,11 +166,15 @@ class _Observers:
         self.first_gpu: dict[int, GpuSample] = {}
         self.gpu_period_s: float | None = None
         self._gpu: GpuSampler | None = None
+        self._xids: XidWatcher | None = None
+        self._table = session.table
+        self.census = ProcessCensus(started_at=self._wall())
         self.samplers: list[SamplerThread] = []
         self.live: LiveView | None = None
         self.facts = _FactsGatherer(simulation)
         self._guard("host facts", self.facts.start)
         self._guard("GPU sampling", lambda: self._start_gpu(backend))
+        self._guard("Xid watch", lambda: self._start_xids(backend))
         self._guard("host sampling", lambda: self._start_host(job))
         self._guard("live view", lambda: self._start_live(session, aggregate, mux, mode))
 
@@ -173,9 +192,19 @@ class _Observers:
         self._gpu = GpuSampler(backend, self._record_gpu, self._router.add_event)
         self._thread("gpu", "GPU", self._gpu.sample_once)
 
+    def _start_xids(self, backend: GpuBackend) -> None:
+        self._xids = XidWatcher(backend, self._router.add_event, lambda: dict(self.first_gpu))
+        if self._xids.source is not None:
+            self._thread("xid", "Xid watch", self._xids.sample_once)
+
     def _start_host(self, job: CurrentJob) -> None:
         host = HostSampler(
-            job.pid, self._router.add_host, tree=job.descendants, cgroup_cpu=_cgroup_reader(job.pid)
+            job.pid,
+            self._router.add_host,
+            tree=job.descendants,
+            cgroup_cpu=_cgroup_reader(job.pid),
+            threads=ThreadSampler(lambda: _roles(self._table)),
+            census=self.census,
         )
         self._thread("host", "host", host.sample_once)
 
@@ -208,6 +237,8 @@ class _Observers:
             self.live.stop()
         for s in self.samplers:
             s.stop()
+        if self._xids is not None:
+            self._xids.close()
         if self._gpu is not None:
             self.gpu_period_s = self._gpu.period_s
 
@@ -227,13 +258,22 @@ class RunSession:
         stdout_fd: int = 1,
         stderr_fd: int = 2,
         wall: Callable[[], float] = time.time,
+        write: WriteFn = os.write,
+        keep_output: bool = True,
+        metrics: MetricsState | None = None,
     ) -> None:
+        """``write`` is the seam every write into the run directory goes through
+        (tests inject a full disk); ``keep_output`` starts the output keeper."""
         self.options = options
+        self.guard = RecordGuard(write=write, wall=wall)
+        self.keep_output = keep_output
         self.environ = dict(os.environ if environ is None else environ)
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
         self.wall = wall
         self.table = ProcessTable()
+        self.metrics = metrics
+        """The Prometheus exporter's state (``--prometheus``): one more record sink."""
 
     def _live_mode(self) -> str:
         if self.options.live == "off":
@@ -249,36 +289,43 @@ class RunSession:
             CommandNotFoundError / CommandNotExecutableError: the job could not
                 start (the run directory is removed again).
             SimulationFileError: a bad ``--simulate`` file.
+            RunDirectoryError: the run directory cannot be written (nothing ran).
         """
         options = self.options
         run_dir = options.run_dir
         simulation = load_simulation(options.simulate) if options.simulate else None
         backend: GpuBackend = simulation.backend if simulation is not None else open_nvml_or_none()
-        writer = RunRecordWriter(run_dir)
         started_at = self.wall()
         cwd = options.cwd or os.getcwd()
         meta = RunMeta(
-            run_id=run_dir.name,
-            command=tuple(options.argv),
-            cwd=cwd,
+            run_id=printable(run_dir.name),
+            command=tuple(printable(a) for a in options.argv),
+            cwd=printable(cwd),
             started_at=started_at,
             trainmedic_version=__version__,
             gpu_backend=backend.kind,
         )
-        writer.write_meta(meta)
         aggregate = LiveAggregate(started_at)
         current: list[CurrentJob] = []
         watchdog = Watchdog(
             self.table, lambda: current[0].descendants() if current else [], wall=self.wall
         )
-        router = MessageRouter([writer, aggregate, watchdog], self.table, self.wall)
         token = secrets.token_hex(16)
-        server = ChannelServer(run_dir, token, router.on_message, router.on_problem)
+        sinks: list[Any] = [aggregate, watchdog]
+        if self.metrics is not None:
+            self.metrics.warnings = lambda: aggregate.status(self.wall()).warnings
+            sinks.append(self.metrics)
+        writer, router, server = self._open_record(meta, sinks, token)
         mode = self._live_mode()
         mux = TerminalMux(self.stdout_fd, self.stderr_fd, panel=mode == "panel")
         env = probe_environment(self.environ, server.address, token, run_dir, probe=options.probe)
         become_subreaper()
         server.start()
+        keeper = self._start_keeper(server, router)
+        flusher = SamplerThread(
+            "record-flush", lambda: _flush(writer, FLUSH_EVERY_S), lambda _e: None
+        )
+        flusher.start()
         merged = same_destination(self.stdout_fd, self.stderr_fd)
         logs = (
             ((self.stdout_fd, OUTPUT_LOG),)
@@ -303,7 +350,15 @@ class RunSession:
             env=env,
             run_dir=run_dir,
             options=options.resilience,
-            io=AttemptIO(self.stdout_fd, self.stderr_fd, merged, mux, logs),
+            io=AttemptIO(
+                self.stdout_fd,
+                self.stderr_fd,
+                merged,
+                mux,
+                logs,
+                record_guard=self.guard,
+                keeper=keeper,
+            ),
             router_event=router.add_event,
             watchdog=watchdog,
             stops=forwarder,
@@ -314,18 +369,31 @@ class RunSession:
         )
         with forwarding_signals(forwarder, on_resize=lambda: forwarder.resize(self.stdout_fd)):
             try:
-                result = loop.run()
+                try:
+                    result = loop.run()
+                except Exception as exc:
+                    if loop.current is None:
+                        raise
+                    # A bug of the supervisor must not cost the job its run or its
+                    # exit status: supervision stops, the job runs on to its end.
+                    result = run_on_unsupervised(
+                        loop, exc, mux.notice, router.add_event, self.wall
+                    )
             except BaseException:
                 for o in observers:
                     o.stop()
+                flusher.stop()
                 server.close()
                 writer.close()
                 backend.close()
                 if not observers:
+                    if keeper is not None:
+                        keeper.close()  # nothing ran: nothing to take over
                     _discard(run_dir, remove_dir=options.created_dir)
                 raise
             for o in observers:
                 o.stop()
+                router.add_event(o.census.event(self.wall(), probe=options.probe))
             server.close()
         ended_at = result.ended_at
         returncode = result.returncode
@@ -356,20 +424,14 @@ class RunSession:
             observers[0].host_facts() if observers else None,
             observers[0].first_gpu if observers else {},
         )
-        writer.write_meta(
-            RunMeta(
-                run_id=meta.run_id,
-                command=meta.command,
-                cwd=meta.cwd,
-                started_at=started_at,
-                ended_at=ended_at,
-                exit_code=returncode,
-                trainmedic_version=__version__,
-                gpu_backend=backend.kind,
-                environment=_environment(machine, self.table, options.simulate),
-            )
+        flusher.stop()
+        environment = _environment(machine, self.table, options.simulate)
+        final_meta = dataclasses.replace(
+            meta, ended_at=ended_at, exit_code=returncode, environment=environment
         )
-        writer.close()
+        self._close_record(writer, final_meta)
+        if keeper is not None:
+            keeper.close()
         with contextlib.suppress(Exception):
             backend.close()
         return RunOutcome(
@@ -381,7 +443,75 @@ class RunSession:
             machine=machine,
             leftovers=tuple(leftovers),
             attempts=result.attempts,
+            record_loss=self.guard.loss(),
         )
+
+    def _open_record(
+        self, meta: RunMeta, sinks: list[Any], token: str
+    ) -> tuple[RunRecordWriter, MessageRouter, ChannelServer]:
+        """The record writer, the message router and the probes' socket, before the job starts.
+
+        Raises:
+            RunDirectoryError: the run directory does not take writes (nothing ran;
+                what was written is removed again).
+        """
+        run_dir = self.options.run_dir
+        writer: RunRecordWriter | None = None
+        try:
+            writer = RunRecordWriter(run_dir, guard=self.guard)
+            writer.write_meta(meta)
+            router = MessageRouter([writer, *sinks], self.table, self.wall)
+            server = ChannelServer(run_dir, token, router.on_message, router.on_problem)
+        except (OSError, RunDirectoryError) as exc:
+            if writer is not None:
+                writer.close()
+            _discard(run_dir, remove_dir=self.options.created_dir)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise RunDirectoryError(
+                f"cannot write the run directory {printable(str(run_dir))}: {reason}"
+            ) from None
+        self.guard.reserve(run_dir)
+        return writer, router, server
+
+    def _start_keeper(
+        self, server: ChannelServer, router: MessageRouter
+    ) -> OutputKeeper | None:
+        """The output keeper (the job's output outlives a killed supervisor), or ``None``."""
+        if not self.keep_output:
+            return None
+        address = server.address
+        try:
+            return OutputKeeper.start(
+                self.options.run_dir,
+                address[len("unix:") :] if address.startswith("unix:") else None,
+                self.guard.reserve_path,
+            )
+        except OSError as exc:
+            router.add_event(
+                RunEvent(
+                    t=self.wall(),
+                    kind="keeper_error",
+                    message=f"the output keeper did not start ({exc}): if trainmedic is "
+                    "killed, the job loses the reader of its output",
+                )
+            )
+            return None
+
+    def _close_record(self, writer: RunRecordWriter, meta: RunMeta) -> None:
+        """The record's last lines and final meta.json; a full disk is noted, never raised."""
+        guard = self.guard
+        writer.close()
+        loss = guard.loss()
+        if loss is not None:
+            guard.release()  # room for the final metadata and the findings
+            meta = dataclasses.replace(
+                meta, environment={**meta.environment, "record_loss": loss.to_data()}
+            )
+        try:
+            writer.write_meta(meta)
+        except OSError as exc:
+            guard.trip(exc, META_FILE)
+        guard.release()
 
     def _machine_facts(
         self,
@@ -422,6 +552,17 @@ class RunSession:
             cuda_available=info.cuda_initialized,
             probed=info.cuda_initialized,
         )
+
+
+def _roles(table: ProcessTable) -> dict[int, str]:
+    """What the probes said each process does: DataLoader worker, or training (it marks steps)."""
+    roles: dict[int, str] = {}
+    for pid, state in table.snapshot().items():
+        if state.hello.role == "worker":
+            roles[pid] = ROLE_WORKER
+        elif state.last_heartbeat is not None and state.last_heartbeat.steps > 0:
+            roles[pid] = ROLE_TRAIN
+    return roles
 
 
 def _sampler_error(what: str, exc: BaseException, t: float) -> RunEvent:
@@ -546,3 +687,8 @@ def _discard(run_dir: Path, remove_dir: bool) -> None:
     if remove_dir:
         with contextlib.suppress(OSError):
             run_dir.rmdir()
+
+
+def _flush(writer: RunRecordWriter, period_s: float) -> float:
+    writer.flush()
+    return period_s

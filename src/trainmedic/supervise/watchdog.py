@@ -10,14 +10,13 @@ there, pure — with:
   rank 0 preferred): each train step record; the end of a phase record;
 * **phases** from the lead's heartbeats (``trainmedic.phase("checkpoint")``,
   the Checkpointer): a marked phase gets the phase bound while it lasts;
-* **progress** once a second: whether the lead's heartbeats show work
-  (outermost forward, backward and optimizer calls and DataLoader batches
-  keep being counted during an unmarked evaluation) or a main-thread stack
-  not seen since the last step (a loop spinning in place, or blocked, shows
-  the same few stacks over and over), and the I/O (bytes read and written)
-  and CPU time of the whole process tree. CPU counts only while no heartbeat
-  arrives (a thread stuck in C code holding the GIL stops the probe's
-  heartbeats too).
+* **evidence** while the job is silent (no step for half a second): at
+  each check, :class:`~trainmedic.supervise.liveness.SilenceObserver` reads
+  every process of the job and its probe's heartbeat, and classifies the
+  silence (:mod:`trainmedic.resilience.silence`): work restarts the bound,
+  a silence the evidence shows to be a hang gets the learned bound, one it
+  cannot classify the conservative bound. The last evidence goes into the
+  hang's verdict and report.
 
 It also keeps what the supervisor needs when the attempt ends: the last
 steps, the last GPU readings and the first of the attempt (ECC faults), the
@@ -32,7 +31,6 @@ startup timeout it could not have met.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -51,16 +49,18 @@ from trainmedic.record.types import (
     RunEvent,
     StepRecord,
 )
+from trainmedic.resilience.group import RankProgress
+from trainmedic.resilience.silence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerdict
 from trainmedic.supervise.forensics import JobProcess
+from trainmedic.supervise.liveness import SilenceObserver
 from trainmedic.supervise.processes import ProcessState, ProcessTable
 
-PROGRESS_PERIOD_S = 1.0
-"""Seconds between two progress samples (CPU, I/O, stack novelty)."""
-HEARTBEAT_FRESH_S = 3.0
-"""A heartbeat older than this means the probe's thread cannot run: stack unknown."""
+SILENCE_MIN_S = 0.5
+"""No step (or phase mark) for this long, in seconds, is a silence worth evidence."""
+EVIDENCE_SLOW_S = 1.0
+"""Seconds between two evidence windows while evidence does not set the bound."""
 LAST_STEPS = 20
-MAX_SIGNATURES = 4096
 RESUMED_EVENT = "checkpoint_resumed"
 """Event a Checkpointer sends through the probe after it loaded a checkpoint."""
 
@@ -101,6 +101,8 @@ class Watchdog:
         table: the probes' process table (hellos, heartbeats).
         tree: the current attempt's processes (``Job.descendants``).
         clock / wall: the supervisor's monotonic and Unix clocks.
+        observer: classifies silences (default: a
+            :class:`~trainmedic.supervise.liveness.SilenceObserver` over ``/proc``).
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Watchdog:
         tree: Tree,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        observer: SilenceObserver | None = None,
     ) -> None:
         self._table = table
         self._tree = tree
@@ -116,6 +119,9 @@ class Watchdog:
         self._wall = wall
         self._lock = threading.RLock()
         self.gpu_last: dict[int, GpuSample] = {}
+        self.observer = observer or SilenceObserver(
+            tree, self._attempt_processes, lambda: dict(self.gpu_last), clock=clock, wall=wall
+        )
         self.timeout: StepTimeout | None = None
         self._active = False
         self._explicit = False
@@ -155,17 +161,15 @@ class Watchdog:
         self._resume_step: int | None = None
         self._num_workers: int | None = None
         self._pids: set[int] = {leader_pid} if leader_pid else set()
+        self._ranks: dict[int, RankProgress] = {}
         self.gpu_first: dict[int, GpuSample] = {}
         self._phase = TRAIN_PHASE
         self._hb_t: float | None = None
-        self._hb_work = 0
-        self._hb_pid: int | None = None
-        self._in_silence = False
-        self._hb_wall_seen: float | None = None
-        self._signatures: set[tuple[str, ...]] = set()
-        self._novel = False
-        self._last_sample: float | None = None
-        self._proc_counters: dict[tuple[int, float], tuple[float, int]] = {}
+        self._silent_since = started_wall
+        self._observed_at: float | None = None
+        self.evidence: JobEvidence | None = None
+        if hasattr(self, "observer"):
+            self.observer.reset()
         self._armed = False
 
     # --- the record sink ------------------------------------------------------------------
@@ -175,6 +179,10 @@ class Watchdog:
             if not self._active or step.t < self._started_wall - 1.0:
                 return
             self._pids.add(step.pid)
+            if step.rank is not None and step.phase == TRAIN_PHASE:
+                known = self._ranks.get(step.rank)
+                count = known.steps + 1 if known is not None and known.pid == step.pid else 1
+                self._ranks[step.rank] = RankProgress(step.rank, step.pid, count, step.t)
             if step.phase == TRAIN_PHASE and (
                 self.lead_pid is None or (self._lead_rank not in (None, 0) and step.rank == 0)
             ):
@@ -195,8 +203,7 @@ class Watchdog:
                 self._first_step_start = step.t - step.duration_s
             self._last_step_end = step.t
             self._last_progress_wall = step.t
-            self._signatures.clear()
-            self._in_silence = False
+            self._silent_since = max(self._silent_since, step.t)
             if self.timeout is not None:
                 self.timeout.observe_step(t, self._steps)
 
@@ -210,8 +217,7 @@ class Watchdog:
         self._phase = TRAIN_PHASE
         self._last_step_end = step.t
         self._last_progress_wall = step.t
-        self._signatures.clear()
-        self._in_silence = False
+        self._silent_since = max(self._silent_since, step.t)
 
     def add_gpu(self, sample: GpuSample) -> None:
         with self._lock:
@@ -248,12 +254,27 @@ class Watchdog:
             if not self._active or self.timeout is None:
                 return None
             self._follow_heartbeat()
-            if self._last_sample is None or now - self._last_sample >= PROGRESS_PERIOD_S:
-                self._sample_progress(now)
+            wall = self._wall()
+            if wall - self._silent_since >= SILENCE_MIN_S and self._evidence_due(now):
+                self._observed_at = now
+                evidence = self.observer.observe(now, self._silent_since)
+                if evidence is not None:
+                    self.evidence = evidence
+                    self.timeout.observe_evidence(now, evidence.silence)
+                    if evidence.silence is Silence.WORK:
+                        self._last_progress_wall = wall
             if not self._is_armed():
                 return None
             verdict = self.timeout.verdict(now)
             return verdict if verdict.hung else None
+
+    def _evidence_due(self, now: float) -> bool:
+        """At every check where evidence sets the bound (after steps were learned);
+        once a second otherwise (start-up, warm-up, marked phases: for the report)."""
+        assert self.timeout is not None
+        if self.timeout.verdict(now).basis in ("learned", "pause"):
+            return True
+        return self._observed_at is None or now - self._observed_at >= EVIDENCE_SLOW_S
 
     def status(self, now: float) -> TimeoutVerdict | None:
         """The current verdict, hung or not (``None`` before an attempt)."""
@@ -300,74 +321,12 @@ class Watchdog:
         if hb is None or hb.t == self._hb_t:
             return
         self._hb_t = hb.t
-        self._hb_wall_seen = self._wall()
         # A heartbeat taken before the last step or phase end is older news.
         stale = self._last_step_end is not None and hb.t <= self._last_step_end
         if self.timeout is not None and hb.phase != self._phase and not stale:
             self.timeout.observe_phase(self._mono(hb.t), hb.phase)
             self._phase = hb.phase
-        # The first heartbeat of a silence is its baseline, not progress: the work
-        # of the last step and the stack the silence began with (a hang's own)
-        # are new at that moment by definition.
-        baseline = pid != self._hb_pid or not self._in_silence
-        if not stale:
-            self._in_silence = True
-        if hb.work > self._hb_work and not baseline:
-            # Forward passes, backward passes or batches since the last heartbeat:
-            # the job is working (an evaluation, say) even without a step.
-            self._novel = True
-        self._hb_pid, self._hb_work = pid, hb.work
-        signature = hb.stack
-        if signature and signature not in self._signatures:
-            if len(self._signatures) >= MAX_SIGNATURES:
-                self._signatures.clear()
-            self._signatures.add(signature)
-            self._novel = self._novel or not baseline
-
-    def _sample_progress(self, now: float) -> None:
-        first = self._last_sample is None
-        self._last_sample = now
-        cpu_s, io_bytes = self._tree_deltas()
-        fresh = (
-            self._hb_wall_seen is not None
-            and self._wall() - self._hb_wall_seen <= HEARTBEAT_FRESH_S
-        )
-        stack_changed: bool | None = self._novel if fresh else None
-        self._novel = False
-        if first or self.timeout is None:
-            return
-        if self.timeout.observe_progress(
-            now, cpu_s=cpu_s, io_bytes=io_bytes, stack_changed=stack_changed
-        ):
-            self._last_progress_wall = self._wall()
-
-    def _tree_deltas(self) -> tuple[float, int]:
-        """CPU seconds and bytes read+written by the job's tree since the last sample."""
-        cpu = 0.0
-        io = 0
-        current: dict[tuple[int, float], tuple[float, int]] = {}
-        for p in self._tree():
-            try:
-                with p.oneshot():
-                    key = (p.pid, p.create_time())
-                    times = p.cpu_times()
-                    c = times.user + times.system
-                    n = 0
-                    with contextlib.suppress(psutil.Error, AttributeError):
-                        counters = p.io_counters()
-                        n = int(getattr(counters, "read_chars", counters.read_bytes)) + int(
-                            getattr(counters, "write_chars", counters.write_bytes)
-                        )
-            except psutil.Error:
-                continue
-            self._pids.add(p.pid)
-            before = self._proc_counters.get(key)
-            if before is not None:
-                cpu += max(0.0, c - before[0])
-                io += max(0, n - before[1])
-            current[key] = (c, n)
-        self._proc_counters = current
-        return cpu, io
+            self._silent_since = max(self._silent_since, hb.t)
 
     # --- what the supervisor reads ------------------------------------------------------------
 
@@ -401,11 +360,15 @@ class Watchdog:
             return [encoder.encode(self.gpu_last[i]) for i in sorted(self.gpu_last)]
 
     def gpu_pids(self) -> set[int] | None:
-        """Pids the GPUs listed in their last readings; ``None`` without GPU readings.
+        """Pids the GPUs listed in their last readings; ``None`` without GPU readings
+        or when a GPU's process list could not be read.
         A reading taken before the job was stopped still lists it: the wait for
         release then lasts until a newer reading no longer does."""
         with self._lock:
-            if not self.gpu_last:
+            # A GPU whose process list cannot be read (MIG, no permission) cannot tell.
+            if not self.gpu_last or any(
+                s.known_processes is None for s in self.gpu_last.values()
+            ):
                 return None
             return {p.pid for s in self.gpu_last.values() for p in s.processes}
 
@@ -423,6 +386,11 @@ class Watchdog:
             lead = self.lead_pid if self.lead_pid is not None else self._focus_pid(procs)
             out.sort(key=lambda p: (p.pid != lead, p.role == "worker", p.pid))
             return out
+
+    def rank_progress(self) -> dict[int, RankProgress]:
+        """Each rank's train steps in this attempt and when its last one ended."""
+        with self._lock:
+            return dict(self._ranks)
 
     def focus_pid(self) -> int | None:
         with self._lock:

@@ -28,7 +28,7 @@ class RemoteSamples(Dataset):
     def __getitem__(self, i):
         with urllib.request.urlopen(f"{self.base_url}/sample/{i}", timeout=30) as response:
             raw = response.read()
-        x = np.frombuffer(raw, dtype=np.float32).copy()
+        x = np.frombuffer(raw[:1024], dtype=np.float32).copy()
         return torch.from_numpy(x), i % 10
 
 
@@ -37,11 +37,12 @@ def main():
     parser.add_argument("base_url")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     torch.manual_seed(0)
     loader = DataLoader(
-        RemoteSamples(args.base_url, 32 * args.steps),
-        batch_size=32,
+        RemoteSamples(args.base_url, args.batch_size * args.steps),
+        batch_size=args.batch_size,
         num_workers=args.workers,
     )
     model = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))

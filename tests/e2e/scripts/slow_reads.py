@@ -70,7 +70,7 @@ def main():
         batch_size=32,
         shuffle=True,
         num_workers=args.workers,
-        persistent_workers=True,
+        persistent_workers=args.workers > 0,
     )
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -4,6 +4,10 @@ docs/doctor-checks.md, "contention (GPU)" and "gpu_memory", explains the
 thresholds. A process counts as someone else's when its owner is another user,
 or when its owner cannot be seen from here: NVML lists processes of every
 container on the GPU, but their pids mean nothing in this pid namespace.
+
+A GPU whose process list cannot be read (MIG without privileges, no
+permission) is not judged "free": whose work it runs is unknown, and
+``contention.gpu.processes_unknown`` says so.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.gpu_faults import processes_unknown_finding
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import GpuProcess, GpuSample
 
@@ -58,6 +63,8 @@ def _free_gpus_hint(facts: MachineFacts) -> str:
     user = facts.host.user
     free = []
     for s in facts.gpu.samples:
+        if s.known_processes is None or s.unreachable is not None:
+            continue  # whose work runs there is unknown
         split = _split(s, user)
         # A busy GPU counts as free when the work on it is the user's own.
         idle_or_own = bool(split.own) or (s.utilization_gpu_pct or 0.0) < BUSY_UTILIZATION_PCT
@@ -97,7 +104,7 @@ def check_foreign_processes(facts: MachineFacts) -> list[Finding]:
     for s in facts.gpu.samples:
         split = _split(s, facts.host.user)
         if not split.others:
-            continue
+            continue  # none seen (an unreadable list: check_processes_unknown)
         out.append(
             Finding(
                 id="contention.gpu.foreign_processes",
@@ -138,7 +145,7 @@ def check_busy_without_user(facts: MachineFacts) -> list[Finding]:
     out: list[Finding] = []
     for s in facts.gpu.samples:
         util = s.utilization_gpu_pct
-        if util is None or util < BUSY_UTILIZATION_PCT:
+        if util is None or util < BUSY_UTILIZATION_PCT or s.known_processes is None:
             continue
         split = _split(s, facts.host.user)
         if split.own:
@@ -201,6 +208,8 @@ def check_memory_used_by_others(facts: MachineFacts) -> list[Finding]:
     for s in facts.gpu.samples:
         if s.memory_total_bytes is None or s.memory_used_bytes is None:
             continue
+        if s.known_processes is None:
+            continue  # the user's own share of the memory is unknown
         split = _split(s, facts.host.user)
         others = _others_memory(s, split)
         if others < _memory_threshold(s):
@@ -240,4 +249,18 @@ def check_memory_used_by_others(facts: MachineFacts) -> list[Finding]:
     return out
 
 
-CHECKS = (check_foreign_processes, check_busy_without_user, check_memory_used_by_others)
+def check_processes_unknown(facts: MachineFacts) -> list[Finding]:
+    """GPUs whose process list cannot be read: the checks above cannot see others there."""
+    return [
+        processes_unknown_finding(s, "now")
+        for s in facts.gpu.samples
+        if s.known_processes is None and s.unreachable is None and not s.mig_mode
+    ]
+
+
+CHECKS = (
+    check_foreign_processes,
+    check_busy_without_user,
+    check_memory_used_by_others,
+    check_processes_unknown,
+)

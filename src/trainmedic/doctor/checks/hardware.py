@@ -1,4 +1,4 @@
-"""Failing GPU hardware: memory errors and degraded PCIe links.
+"""Failing GPU hardware: memory errors, degraded PCIe links, lost GPUs, Xids since boot.
 
 docs/doctor-checks.md, "hardware_fault", explains each threshold.
 """
@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.gpu_faults import group_xids, unreachable_finding, xid_finding
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
 
 # The driver raises the link generation only when the GPU works hard (P0);
@@ -207,21 +209,19 @@ def check_pcie_link(facts: MachineFacts) -> list[Finding]:
 
 
 def check_unreachable(facts: MachineFacts) -> list[Finding]:
-    """A GPU the driver lists but cannot talk to (fallen off the bus, lost)."""
+    """A GPU the driver lists but cannot reach (fallen off the bus, lost, needs a reset)."""
     return [
-        _finding(
-            s,
-            "hardware_fault.gpu_unreachable",
-            Severity.ERROR,
-            f"GPU {s.index} does not answer the driver",
-            {"nvml_error": s.unreachable},
-            "Check the kernel log for Xid 79 (fallen off the bus) or 48/63/64 "
-            "(memory errors): sudo dmesg | grep -i xid. Drain the node, then reset the GPU "
-            f"(sudo nvidia-smi -r -i {s.index}) or reboot; if it recurs, reseat or replace it.",
-        )
+        unreachable_finding(s, Severity.ERROR, "when doctor read it")
         for s in facts.gpu.samples
         if s.unreachable is not None
     ]
 
 
-CHECKS = (check_memory_errors, check_pcie_link, check_unreachable)
+def check_xids(facts: MachineFacts) -> list[Finding]:
+    """Xids the driver logged since boot, judged by NVIDIA's catalogue."""
+    lines = facts.gpu.kernel_log or ()
+    events = [e for line in lines if (e := faults.parse_xid_line(line)) is not None]
+    return [xid_finding(g, "since boot") for g in group_xids(events, facts.gpu.samples)]
+
+
+CHECKS = (check_memory_errors, check_pcie_link, check_unreachable, check_xids)

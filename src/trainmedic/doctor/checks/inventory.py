@@ -6,6 +6,7 @@ docs/doctor-checks.md, "inventory", explains the findings.
 from __future__ import annotations
 
 from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.gpu_faults import mig_finding
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import GpuSample
 
@@ -43,6 +44,8 @@ def check_gpu_inventory(facts: MachineFacts) -> list[Finding]:
                 evidence={
                     "name": s.name,
                     "uuid": s.uuid,
+                    "pci_bus_id": s.pci_bus_id,
+                    "mig_mode": s.mig_mode,
                     "memory_total_gib": memory,
                     "driver_version": driver_version,
                     "cuda_driver_version": None if cuda is None else f"{cuda[0]}.{cuda[1]}",
@@ -158,4 +161,15 @@ def check_persistence_mode(facts: MachineFacts) -> list[Finding]:
     ]
 
 
-CHECKS = (check_gpu_inventory, check_driver_presence, check_mixed_models, check_persistence_mode)
+def check_mig(facts: MachineFacts) -> list[Finding]:
+    """GPUs in MIG mode, with what MIG hides from the other checks (info)."""
+    return [mig_finding(s, "now") for s in facts.gpu.samples if s.mig_mode]
+
+
+CHECKS = (
+    check_gpu_inventory,
+    check_driver_presence,
+    check_mixed_models,
+    check_persistence_mode,
+    check_mig,
+)

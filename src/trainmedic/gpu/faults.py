@@ -1,0 +1,499 @@
+"""What GPU faults mean: the one home of the Xid catalogue, clock-event reasons and OOM patterns.
+
+doctor (``doctor/checks``), the run diagnosis (``diagnose/hardware.py``,
+``diagnose/thermal.py``) and the failure classifier (``resilience/classify.py``)
+all judge from these tables, so they agree on every Xid code, every clock
+reason and every out-of-memory message.
+
+* **Xids** are classified by the immediate action of NVIDIA's Xid catalogue
+  (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Ampere and
+  newer): restart the application, reset the GPU, drain the node (reboot it or
+  have it serviced), or ignore. Xid 154 carries the driver's own recovery
+  action in its message, which decides. :func:`parse_xid_line` reads kernel
+  log lines, MIG ones (``Xid (PCI:0000:01:00 GPU-I:05): 94, ...``) included.
+* **Clock event reasons** (NVML's bitmask): which bits slow a GPU that works,
+  under which thresholds, and the fix for each (:func:`active_reasons`).
+* **Out-of-memory messages** of CUDA and torch (:func:`parse_cuda_oom`).
+
+Levels are finding severities as plain strings (``"error"``, ``"warning"``,
+``"info"``): this layer sits below the finding model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from trainmedic.gpu.types import ClockEventReason, GpuSample, normalize_pci_bus_id
+
+# ------------------------------------------------------------------------------- Xids
+
+
+class XidAction(str, Enum):
+    """What NVIDIA's catalogue says to do right away (its "immediate action")."""
+
+    IGNORE = "ignore"
+    RESTART_APP = "restart_app"
+    RESET_GPU = "reset_gpu"
+    DRAIN_NODE = "drain_node"
+    UNKNOWN = "unknown"  # a code the catalogue does not list
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The catalogue's "Resolution Bucket (Immediate Action)" column, code by code
+#: (1-162). Codes not listed here are UNEXPECTED_ERR_REPORT_ISSUE (contact
+#: NVIDIA support); 154 takes the action named in its message.
+_BUCKET_CODES = {
+    "RESTART_APP": "8,11,13,25,31,32,39-41,60,68-72,75-77,80,82-86,88,89,94,96-105,126-135,139",
+    "IGNORE": "14,37,38,43,44,63,66,67,92,93,106,107,121,137,141,152,153,157,161",
+    "RESET_GPU": "46,62,64,95,109,110,119,120,136,140,143,155,156,158,162",
+    "WORKFLOW_XID_45": "45",
+    "WORKFLOW_XID_48": "48",
+    "WORKFLOW_NVLINK_ERR": "74",
+    "WORKFLOW_NVLINK5_ERR": "144-150",
+    "RESTART_BM": "79,160",
+    "RESTART_VM": "151",
+    "CHECK_MECHANICALS": "54",
+    "UPDATE_SWFW": "78",
+    "CHECK_UVM": "159",
+    "XID_154": "154",
+}
+XID_CATALOGUE_LAST = 162
+"""The highest code the catalogue lists."""
+
+#: Bucket -> action. The workflows of Xid 45 (cleanup after another error) and
+#: CHECK_UVM end in restarting the application; those of Xid 48 and NVLink
+#: errors in a GPU reset; bare-metal or VM restarts, support cases, mechanical
+#: checks and firmware updates all take the node out of service.
+BUCKET_ACTION = {
+    "IGNORE": XidAction.IGNORE,
+    "RESTART_APP": XidAction.RESTART_APP,
+    "WORKFLOW_XID_45": XidAction.RESTART_APP,
+    "CHECK_UVM": XidAction.RESTART_APP,
+    "RESET_GPU": XidAction.RESET_GPU,
+    "WORKFLOW_XID_48": XidAction.RESET_GPU,
+    "WORKFLOW_NVLINK_ERR": XidAction.RESET_GPU,
+    "WORKFLOW_NVLINK5_ERR": XidAction.RESET_GPU,
+    "RESTART_BM": XidAction.DRAIN_NODE,
+    "RESTART_VM": XidAction.DRAIN_NODE,
+    "UNEXPECTED_ERR_REPORT_ISSUE": XidAction.DRAIN_NODE,
+    "CHECK_MECHANICALS": XidAction.DRAIN_NODE,
+    "UPDATE_SWFW": XidAction.DRAIN_NODE,
+}
+
+#: What the common codes mean (the catalogue's descriptions, shortened).
+_MEANINGS = {
+    8: "GPU stopped processing (channel idle timeout)",
+    11: "invalid or corrupted push buffer stream",
+    13: "graphics engine exception (often an out-of-range access in a kernel)",
+    31: "GPU memory page fault (a kernel accessed an invalid address)",
+    32: "invalid or corrupted push buffer stream (PBDMA)",
+    43: "GPU stopped processing (the application's channel was reset)",
+    45: "preemptive cleanup after another error or a killed process",
+    46: "GPU stopped processing (timeout)",
+    48: "double-bit ECC error",
+    54: "auxiliary power is not connected or the GPU draws too much power",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failure",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    93: "inforom erase limit exceeded",
+    94: "contained ECC error (only the application that touched it was stopped)",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    110: "security fault",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "C2C link error (corrected)",
+    136: "link training failure",
+    140: "unrecovered ECC error",
+    143: "GPU initialisation failure",
+    151: "key rotation error (confidential computing)",
+    154: "GPU recovery action changed",
+    155: "NVLink software-defined error",
+    156: "resource retirement event",
+    157: "resource retirement failure",
+    158: "GPU fatal timeout",
+    159: "CHI non-data error",
+    160: "channel retirement event",
+}
+for _code in range(144, 151):
+    _MEANINGS[_code] = "NVLink error"
+
+HARDWARE_RESTART_CODES = frozenset({94})
+"""RESTART_APP codes that point at the GPU's memory rather than the program: the
+job failed because of the hardware, yet the GPU stays usable."""
+
+#: Xid 154's "recovery action changed ... to 0xN (...)" values (nvmlDeviceGpuRecoveryAction_t).
+_RECOVERY_ACTION = {
+    0: XidAction.IGNORE,  # none needed
+    1: XidAction.RESET_GPU,  # GPU reset
+    2: XidAction.DRAIN_NODE,  # node reboot
+    3: XidAction.RESET_GPU,  # drain peer-to-peer traffic, then reset
+    4: XidAction.RESET_GPU,  # drain and reset
+}
+_RECOVERY_RE = re.compile(r"recovery action changed from 0x[0-9a-f]+.*? to 0x([0-9a-f]+)", re.I)
+
+
+def _expand(ranges: str) -> list[int]:
+    out: list[int] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        out += range(int(first), int(last or first) + 1)
+    return out
+
+
+XID_BUCKET: dict[int, str] = {
+    code: bucket for bucket, ranges in _BUCKET_CODES.items() for code in _expand(ranges)
+}
+for _code in range(1, XID_CATALOGUE_LAST + 1):
+    XID_BUCKET.setdefault(_code, "UNEXPECTED_ERR_REPORT_ISSUE")
+
+
+@dataclass(frozen=True)
+class XidVerdict:
+    """What one Xid means and what to do about it.
+
+    Attributes:
+        action: the catalogue's immediate action (Xid 154: the driver's).
+        hardware: the GPU itself needs attention: leave it out of the next
+            attempt and reset or drain it (RESET_GPU and DRAIN_NODE codes).
+        level: ``"error"``, ``"warning"`` or ``"info"``: the finding's severity.
+        meaning / fix: for the finding's title and fix.
+    """
+
+    code: int
+    action: XidAction
+    hardware: bool
+    level: str
+    meaning: str
+    fix: str
+
+
+_FIX = {
+    XidAction.IGNORE: "Nothing to do now: NVIDIA's catalogue lists this Xid as informational. "
+    "Reset the GPU at the next maintenance window if it asks for one (nvidia-smi -q -d "
+    "ROW_REMAPPER shows pending remaps); drain it if the count keeps growing.",
+    XidAction.RESTART_APP: "Restart the job; the GPU can stay in use. If it repeats with the "
+    "same code, run once with CUDA_LAUNCH_BLOCKING=1 and compute-sanitizer to find the "
+    "faulting kernel, and drain the GPU if it repeats with code known to be good.",
+    XidAction.RESET_GPU: "Stop the jobs on this GPU and reset it (sudo nvidia-smi -r -i <index>) "
+    "or reboot; until then keep work off it (CUDA_VISIBLE_DEVICES without it, or the "
+    "scheduler's exclude list). Report it to the provider if it repeats.",
+    XidAction.DRAIN_NODE: "Drain the node: move the job to another machine, then reboot it and "
+    "have the GPU checked (nvidia-bug-report.sh for NVIDIA support, or the provider).",
+    XidAction.UNKNOWN: "Look the code up in NVIDIA's Xid catalogue; drain the GPU if it repeats.",
+}
+_FIX_HARDWARE_RESTART = (
+    "Restart the job: the driver contained the memory error and retired the page, so the GPU "
+    "stays usable. Reset it at the next maintenance window so the row remap takes effect "
+    "(nvidia-smi -q -d ROW_REMAPPER); drain it if contained errors repeat."
+)
+_LEVEL = {
+    XidAction.IGNORE: "info",
+    XidAction.RESTART_APP: "warning",
+    XidAction.RESET_GPU: "error",
+    XidAction.DRAIN_NODE: "error",
+    XidAction.UNKNOWN: "warning",
+}
+
+
+def xid_verdict(code: int, detail: str = "") -> XidVerdict:
+    """Classify Xid ``code``; ``detail`` is the text after the code (Xid 154's action)."""
+    bucket = XID_BUCKET.get(code)
+    if bucket is None:
+        action = XidAction.UNKNOWN
+    elif bucket == "XID_154":
+        m = _RECOVERY_RE.search(detail)
+        # Without a readable action, a reset is what the driver asks for most often.
+        stated = _RECOVERY_ACTION.get(int(m[1], 16)) if m else None
+        action = stated or XidAction.RESET_GPU
+    else:
+        action = BUCKET_ACTION[bucket]
+    hardware = action in (XidAction.RESET_GPU, XidAction.DRAIN_NODE)
+    meaning = _MEANINGS.get(code, "see NVIDIA's Xid catalogue")
+    fix = _FIX_HARDWARE_RESTART if code in HARDWARE_RESTART_CODES else _FIX[action]
+    return XidVerdict(code, action, hardware, _LEVEL[action], meaning, fix)
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One ``NVRM: Xid`` kernel log line, parsed.
+
+    Attributes:
+        pci_bus_id: the GPU's PCI address, normalised (``0000:3b:00.0``).
+        gpu_instance: the MIG GPU instance (``GPU-I:05`` -> 5), when given.
+        pid / process: the process the driver names, when it names one.
+        detail: the text after the code.
+        line: the message as logged (kernel timestamp prefix removed).
+    """
+
+    code: int
+    pci_bus_id: str | None
+    gpu_instance: int | None
+    pid: int | None
+    process: str | None
+    detail: str
+    line: str
+
+    @property
+    def verdict(self) -> XidVerdict:
+        return xid_verdict(self.code, self.detail)
+
+
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=..." ; "NVRM: Xid (0000:03:00): 14, Channel ..." ;
+# "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=..., Contained: ..." (MIG).
+_XID_LINE_RE = re.compile(r"NVRM: Xid \(([^)]*)\):?\s*(\d+)\s*(?:,\s*(.*))?$")
+_BUS_RE = re.compile(r"(?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
+_INSTANCE_RE = re.compile(r"GPU-I:\s*(\d+)")
+_PID_RE = re.compile(r"\bpid=(\d+)")
+_NAME_RE = re.compile(r"\bname=([^,\s]+)")
+#: the line the driver logs before a GPU's first Xid: "NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>"
+GPU_AT_RE = re.compile(r"NVRM: GPU at (?:PCI:)?([0-9a-fA-F:.]+): (GPU-[0-9a-fA-F-]+)")
+
+
+def parse_xid_line(line: str) -> XidEvent | None:
+    """The Xid in a kernel log line (``dmesg`` or ``/dev/kmsg`` message), or ``None``."""
+    m = _XID_LINE_RE.search(line.rstrip())
+    if m is None:
+        return None
+    where, code, detail = m[1], int(m[2]), (m[3] or "").strip()
+    bus = _BUS_RE.search(where)
+    instance = _INSTANCE_RE.search(where)
+    pid = _PID_RE.search(detail)
+    name = _NAME_RE.search(detail)
+    process = name[1].strip("'\"") if name else None
+    return XidEvent(
+        code=code,
+        pci_bus_id=normalize_pci_bus_id(bus[1]) if bus else None,
+        gpu_instance=int(instance[1]) if instance else None,
+        pid=int(pid[1]) if pid else None,
+        process=None if process in (None, "<unknown>") else process,
+        detail=detail,
+        line=line[line.find("NVRM: Xid") :].strip(),
+    )
+
+
+# ------------------------------------------------------------------ clock event reasons
+
+LOADED_UTILIZATION_PCT = 50.0
+"""A kernel ran at least this share of the time: a lower clock costs throughput;
+below it, the driver lowering clocks is power management."""
+LIMIT_CLOCK_RATIO = 0.85
+"""Boost clocks under full load sit a little under the maximum on healthy GPUs;
+a limit (power cap, board, reliability) counts when it holds the SM clock under
+this share of its maximum."""
+NEAR_SLOWDOWN_MARGIN_C = 5.0
+"""Within this many degrees of the slowdown temperature a loaded GPU's normal
+swings (workload phases, fan lag, inlet drift) carry it into slowdown."""
+
+R = ClockEventReason
+
+_COOLING = (
+    "Improve cooling: check the fans (nvidia-smi -q -d TEMPERATURE,PERFORMANCE), airflow "
+    "through the chassis (blanking panels, nothing blocking intake), dust on heatsinks and "
+    "filters and the room's inlet temperature, or lower the power limit (nvidia-smi -pl) for "
+    "steady clocks; on a rented machine, report the node to the provider."
+)
+
+
+@dataclass(frozen=True)
+class ClockReasonRule:
+    """When one clock event reason counts, and what it means.
+
+    Attributes:
+        key: stable suffix of finding ids (``thermal.clock_event.<key>``).
+        hard: counts whenever the GPU is not idle; otherwise a limit that counts
+            only on a loaded GPU clocked under :data:`LIMIT_CLOCK_RATIO`.
+        level: severity when it holds (the run lowers brief hard slowdowns).
+    """
+
+    flag: ClockEventReason
+    key: str
+    name: str
+    hard: bool
+    level: str
+    meaning: str
+    fix: str
+
+
+#: Most specific first: NVML sets HW_SLOWDOWN together with the thermal and
+#: power-brake bits, and the first rule present names the finding.
+CLOCK_RULES: tuple[ClockReasonRule, ...] = (
+    ClockReasonRule(
+        R.HW_THERMAL_SLOWDOWN, "hw_thermal", "hardware thermal slowdown", True, "error",
+        "the GPU is too hot and hardware cut its clocks", _COOLING,
+    ),
+    ClockReasonRule(
+        R.HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake", "power brake", True, "error",
+        "the server asserted the external power brake and the GPU cut its clocks",
+        "The power brake comes from the server, not the GPU: check the power supplies (a "
+        "failed or missing redundant PSU), the BMC/IPMI event log (ipmitool sel list) and the "
+        "rack's power budget; on a rented machine, report the node to the provider.",
+    ),
+    ClockReasonRule(
+        R.HW_SLOWDOWN, "hw_slowdown", "hardware slowdown", True, "error",
+        "clocks cut by half or more (temperature, a power draw spike or a power supply fault)",
+        "Check temperature and power (nvidia-smi -q -d TEMPERATURE,POWER,PERFORMANCE) and the "
+        "kernel log for Xid errors; if the GPU is cool and within its power limit, the power "
+        "delivery is suspect: drain the node and have the hardware checked.",
+    ),
+    ClockReasonRule(
+        R.SW_THERMAL_SLOWDOWN, "sw_thermal", "thermal slowdown", True, "warning",
+        "the driver lowers clocks to keep the GPU under its maximum operating temperature",
+        _COOLING,
+    ),
+    ClockReasonRule(
+        R.RELIABILITY, "reliability", "reliability limit", False, "warning",
+        "the GPU holds clocks down to stay within its reliability (voltage) limits",
+        "Usually heat: improve cooling so the GPU runs cooler at the same clocks; if it "
+        "persists at normal temperature, report the GPU to the provider or NVIDIA support.",
+    ),
+    ClockReasonRule(
+        R.BOARD_LIMIT, "board_limit", "board limit", False, "warning",
+        "a limit of the board itself (not the settable power limit) holds clocks down",
+        "Nothing to set: the board's own limit applies. Compare with other GPUs of the same "
+        "model (nvidia-smi -q -d PERFORMANCE); if only this one shows it, report it.",
+    ),
+    ClockReasonRule(
+        R.SW_POWER_CAP, "sw_power_cap", "power cap", False, "warning",
+        "the power limit holds the SM clock well below its maximum",
+        "Compare the enforced power limit with the default and maximum (nvidia-smi -q -d "
+        "POWER); if someone lowered it, restore it (sudo nvidia-smi -i <index> -pl <default "
+        "watts>). At the default, the card runs at its design power and only a GPU with a "
+        "higher power budget is faster.",
+    ),
+)
+CLOCK_RULE_BY_KEY = {rule.key: rule for rule in CLOCK_RULES}
+HARD_MASK = R.NONE
+LIMIT_MASK = R.NONE
+for _rule in CLOCK_RULES:
+    if _rule.hard:
+        HARD_MASK |= _rule.flag
+    else:
+        LIMIT_MASK |= _rule.flag
+
+
+def is_loaded(s: GpuSample, loaded_util_pct: float = LOADED_UTILIZATION_PCT) -> bool:
+    """A kernel ran at least ``loaded_util_pct`` of the time and the GPU is not idle."""
+    if R.GPU_IDLE in s.reasons:
+        return False
+    return s.utilization_gpu_pct is not None and s.utilization_gpu_pct >= loaded_util_pct
+
+
+def clock_ratio(s: GpuSample) -> float | None:
+    """SM clock over its maximum, ``None`` when either is unknown."""
+    if s.sm_clock_mhz is None or not s.sm_clock_max_mhz:
+        return None
+    return s.sm_clock_mhz / s.sm_clock_max_mhz
+
+
+def active_reasons(
+    s: GpuSample,
+    loaded_util_pct: float = LOADED_UTILIZATION_PCT,
+    limit_clock_ratio: float = LIMIT_CLOCK_RATIO,
+) -> ClockEventReason:
+    """The reasons that slow this GPU now.
+
+    Hard reasons count at once; limits (power cap, board, reliability) only on
+    a loaded GPU clocked under ``limit_clock_ratio`` of its maximum (a busy GPU
+    often touches its cap near full clock); a reading with GPU_IDLE never counts.
+    """
+    if s.clock_event_reasons is None or R.GPU_IDLE in s.reasons:
+        return R.NONE
+    active = s.reasons & HARD_MASK
+    limits = s.reasons & LIMIT_MASK
+    ratio = clock_ratio(s)
+    if limits and is_loaded(s, loaded_util_pct) and ratio is not None and ratio < limit_clock_ratio:
+        active |= limits
+    return active
+
+
+def leading_rule(active: ClockEventReason) -> ClockReasonRule | None:
+    """The most specific rule among ``active`` reasons (it names the finding)."""
+    return next((rule for rule in CLOCK_RULES if rule.flag in active), None)
+
+
+def reason_names(reasons: ClockEventReason) -> list[str]:
+    """Reasons as snake-case names (``hw_slowdown``), in NVML bit order."""
+    return [
+        flag.name.lower()
+        for flag in ClockEventReason
+        if flag.name is not None and flag is not R.NONE and flag in reasons
+    ]
+
+
+def rule_keys(reasons: ClockEventReason) -> list[str]:
+    """Rule keys of ``reasons``, most specific first."""
+    return [rule.key for rule in CLOCK_RULES if rule.flag in reasons]
+
+
+# ------------------------------------------------------------------------- out of memory
+
+_SIZE = r"(\d+(?:\.\d+)?) ?(bytes|[KMGTP]i?B)"
+_UNITS = {"bytes": 1, "B": 1}
+for _i, _p in enumerate("KMGTP", start=1):
+    _UNITS[f"{_p}iB"] = 1024**_i
+    _UNITS[f"{_p}B"] = 1024**_i  # torch < 2.1 printed "GB" for GiB values
+
+CUDA_OOM_RE = re.compile(
+    r"(?:torch\.(?:cuda\.)?)?OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|HIP out of memory"
+)
+"""A line that says a GPU ran out of memory (torch's error, CUDA's, cuBLAS's, NCCL's)."""
+_OOM_NEW_RE = re.compile(
+    rf"Tried to allocate {_SIZE}\. GPU (\d+) has a total capacity of {_SIZE} "
+    rf"of which {_SIZE} is free"
+)
+_OOM_OLD_RE = re.compile(
+    rf"Tried to allocate {_SIZE} \(GPU (\d+); {_SIZE} total capacity; {_SIZE} already allocated; "
+    rf"{_SIZE} free; {_SIZE} reserved in total by PyTorch"
+)
+_OOM_UNALLOCATED_RE = re.compile(rf"{_SIZE} is reserved by PyTorch but unallocated")
+_OOM_ALLOCATED_RE = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch")
+
+
+def is_cuda_oom(text: str) -> bool:
+    """Whether ``text`` reports a GPU out-of-memory error."""
+    return CUDA_OOM_RE.search(text) is not None
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS[unit])
+
+
+def parse_cuda_oom(text: str) -> dict[str, Any]:
+    """Sizes in torch's OOM message (torch >= 2.1 and older formats), bytes.
+
+    ``cuda_device`` is the *process's* CUDA ordinal as torch prints it ("GPU
+    0"), not an NVML index: map it with :func:`trainmedic.gpu.visible.nvml_gpu_for_cuda_device`.
+    """
+    out: dict[str, Any] = {}
+    if m := _OOM_NEW_RE.search(text):
+        out.update(
+            requested_bytes=_bytes(m[1], m[2]),
+            cuda_device=int(m[3]),
+            total_bytes=_bytes(m[4], m[5]),
+            free_bytes=_bytes(m[6], m[7]),
+        )
+    elif m := _OOM_OLD_RE.search(text):
+        out.update(
+            requested_bytes=_bytes(m[1], m[2]),
+            cuda_device=int(m[3]),
+            total_bytes=_bytes(m[4], m[5]),
+            allocated_bytes=_bytes(m[6], m[7]),
+            free_bytes=_bytes(m[8], m[9]),
+            reserved_bytes=_bytes(m[10], m[11]),
+        )
+    if m := _OOM_UNALLOCATED_RE.search(text):
+        out["reserved_unallocated_bytes"] = _bytes(m[1], m[2])
+    if m := _OOM_ALLOCATED_RE.search(text):
+        out["allocated_bytes"] = _bytes(m[1], m[2])
+    return out

@@ -1,0 +1,161 @@
+"""CUDA graphs under the probe: captures left untouched, replays counted as steps.
+
+* ``CUDAGraph.capture_begin`` / ``capture_end`` bracket a capture: the CUDA
+  part records no event and queries none meanwhile (either would invalidate
+  the job's capture, even with the error swallowed).
+* A graph whose capture contained an optimizer step (a whole training step
+  captured with ``torch.cuda.graph``, a documented PyTorch pattern) runs one
+  training step per ``replay()``, which no other hook sees: each replay of it
+  ends a step, timed on the GPU like any other.
+* The optimizer's parameters name the device the job computes on: the CUDA
+  part records its events on that device's stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainmedic.probe.runtime import Probe
+
+_get_ident = threading.get_ident
+
+
+def _first_param_device(optimizer: Any) -> Any:
+    for group in getattr(optimizer, "param_groups", ()):
+        for p in group.get("params", ()):
+            return getattr(p, "device", None)
+    return None
+
+
+def install_device_hook(torch: Any, probe: Probe) -> bool:
+    """Tell the CUDA part which device each optimizer's parameters live on."""
+    import importlib
+
+    optimizer_mod = importlib.import_module("torch.optim.optimizer")
+    part = probe.parts["cuda"]
+    known: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        cuda = probe.cuda
+        if cuda is None or not part.on or _get_ident() != probe.state.training_ident:
+            return
+        try:
+            device = known.get(optimizer)
+            if device is None:
+                device = _first_param_device(optimizer)
+                known[optimizer] = device
+            if device is not None and getattr(device, "type", None) == "cuda":
+                cuda.use_device(device)
+        except Exception as exc:
+            part.fail(exc)
+
+    handle = optimizer_mod.register_optimizer_step_pre_hook(pre_hook)
+    probe.restore.append(handle.remove)
+    return True
+
+
+def install(torch: Any, probe: Probe) -> bool:
+    """Wrap ``torch.cuda.CUDAGraph``'s capture and replay; ``False`` without it."""
+    graph_cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
+    if graph_cls is None or not hasattr(graph_cls, "replay"):
+        return False
+    import importlib
+
+    optimizer_mod = importlib.import_module("torch.optim.optimizer")
+    steps = probe.parts["steps"]
+    tracker = probe._ensure_tracker()
+    clock = probe.clock
+    state = probe.state
+    begin, end, replay = graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay
+    # graph -> id of the optimizer whose step it captured
+    step_graphs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+    capture = {"optimizer": None, "steps": 0}
+
+    def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        cuda = probe.cuda
+        if cuda is not None and cuda.captures:
+            capture["optimizer"] = id(optimizer)
+            capture["steps"] = int(capture["steps"] or 0) + 1
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = begin(self, *args, **kwargs)
+        cuda = probe.cuda
+        if cuda is not None:
+            cuda.captures += 1
+            capture["optimizer"], capture["steps"] = None, 0
+        return result
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cuda = probe.cuda
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            if cuda is not None and cuda.captures:
+                cuda.captures -= 1
+                optimizer = capture["optimizer"]
+                if optimizer is not None:
+                    step_graphs[self] = int(optimizer)
+
+    def graph_replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+        optimizer = step_graphs.get(self)
+        if optimizer is None or not steps.on or _get_ident() != state.training_ident:
+            return replay(self, *args, **kwargs)
+        try:
+            tracker.optimizer_enter(clock())
+        except Exception as exc:
+            steps.fail(exc)
+            return replay(self, *args, **kwargs)
+        try:
+            return replay(self, *args, **kwargs)
+        finally:
+            try:
+                tracker.optimizer_exit(clock(), optimizer)
+            except Exception as exc:
+                steps.fail(exc)
+
+    for name, wrapper, original in (
+        ("capture_begin", capture_begin, begin),
+        ("capture_end", capture_end, end),
+        ("replay", graph_replay, replay),
+    ):
+        wrapper.__doc__ = original.__doc__
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(graph_cls, name, wrapper)
+        probe.restore.append(_restorer(graph_cls, name, original))
+    handle = optimizer_mod.register_optimizer_step_post_hook(post_hook)
+    probe.restore.append(handle.remove)
+    return True
+
+
+def _restorer(cls: Any, name: str, original: Any) -> Any:
+    def restore() -> None:
+        setattr(cls, name, original)
+
+    return restore
+
+
+def install_step_extras(torch: Any, probe: Probe) -> list[str]:
+    """The hooks beyond torch_hooks': GradScaler skips, CUDA graphs, the event device.
+
+    Each failure disables its own part only; returns the names installed.
+    """
+    from trainmedic.probe import amp
+
+    installed: list[str] = []
+    steps, cuda = probe.parts["steps"], probe.parts["cuda"]
+    for name, part, installer in (
+        ("grad_scaler", steps, amp.install),
+        ("cuda_graphs", steps, install),
+        ("cuda_device", cuda, install_device_hook),
+    ):
+        if not part.on:
+            continue
+        try:
+            if installer(torch, probe):
+                installed.append(name)
+        except Exception as exc:
+            part.fail(exc)
+    return installed

@@ -1,0 +1,294 @@
+"""What the training thread does between steps when no DataLoader feeds it.
+
+A script without a DataLoader spends the time outside forward, backward and
+the optimizer on whatever its loop does: building the next batch, but just as
+well sleeping, logging, synchronising with the GPU, writing checkpoints or
+running Python bookkeeping. That time is *data preparation* only when the
+stacks say so; :func:`classify_outside` names each sample of the training
+thread's stack taken there (role ``self`` of :mod:`trainmedic.probe.stacks`):
+
+* data: ``file_read``, ``socket_wait`` (the batch's bytes arriving),
+  ``ipc_wait`` (waiting on a queue a producer fills: a hand-made prefetcher)
+  and ``transform`` (Python computing in data code: a data library such as
+  torchvision, PIL or numpy.random on the stack; a function or file of the
+  script named for data — ``make_batch``, ``featurize``, ``dataset.py``; or
+  a tensor being made from host data — ``torch.tensor``, ``torch.randn``,
+  ``from_numpy``, ``stack``);
+* not data: ``sleep`` (``time.sleep`` in the loop; in a function named for
+  data it is the source being polled or rate-limited: ``ipc_wait``), ``log`` (printing, ``logging``,
+  progress bars, experiment trackers, or a function of the script named for
+  it), ``sync`` (``.item()``, ``.cpu()``, ``.numpy()``, ``tolist``,
+  ``cuda.synchronize``: waiting for the device), ``file_write`` (``torch.save``,
+  pickling, writing files: checkpoint I/O), ``python`` (other Python code:
+  the loop's own overhead) and ``other`` (a C call none of this recognises).
+
+Pure functions of the frames, tested on their own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from trainmedic.probe.stacks import FrameInfo, is_library
+
+DATA_STATES = ("transform", "file_read", "socket_wait", "ipc_wait")
+"""States of time outside the step that prepare data."""
+OUTSIDE_STATES = ("sleep", "log", "sync", "file_write", "python")
+"""States of time outside the step that do not (``other`` besides)."""
+
+_LOG_PATHS = (
+    "/logging/",
+    "/tqdm/",
+    "/wandb/",
+    "/tensorboard/",
+    "/tensorboardX/",
+    "/torch/utils/tensorboard/",
+    "/mlflow/",
+    "/rich/",
+    "/loguru/",
+    "/absl/logging/",
+    "/comet_ml/",
+    "/neptune/",
+    "/clearml/",
+    "/aim/",
+    "/lightning/pytorch/loggers/",
+    "/pytorch_lightning/loggers/",
+)
+_DATA_PATHS = (
+    "/torch/utils/data/",
+    "/torchvision/",
+    "/torchaudio/",
+    "/torchtext/",
+    "/PIL/",
+    "/cv2/",
+    "/albumentations/",
+    "/skimage/",
+    "/imageio/",
+    "/datasets/",
+    "/tokenizers/",
+    "/sentencepiece/",
+    "/transformers/tokenization",
+    "/transformers/feature_extraction",
+    "/transformers/image_processing",
+    "/transformers/data/",
+    "/webdataset/",
+    "/numpy/random/",
+    "/pandas/io/",
+    "/nltk/",
+    "/spacy/",
+    "/librosa/",
+    "/timm/data/",
+    "/nvidia/dali/",
+    "/ffcv/",
+    "/streaming/",
+)
+# (path part, functions that write): the rest of such files may read.
+_WRITE_FUNCTIONS = (
+    ("/torch/serialization.py", frozenset({"save", "_save", "_legacy_save"})),
+    ("/safetensors/", frozenset({"save", "save_file", "save_model"})),
+    ("/pickle.py", frozenset({"dump", "_dump"})),
+    ("/numpy/lib/npyio.py", frozenset({"save", "savez", "savez_compressed", "_savez", "savetxt"})),
+    ("/numpy/lib/_npyio_impl.py", frozenset({"save", "savez", "savez_compressed", "_savez"})),
+    ("/shutil.py", frozenset({"copyfile", "copy", "copy2", "copyfileobj", "move"})),
+)
+_SYNC_FUNCTIONS = (
+    ("/torch/cuda/__init__.py", frozenset({"synchronize"})),
+    ("/torch/cuda/streams.py", frozenset({"synchronize", "wait_stream", "wait_event"})),
+    ("/torch/_tensor.py", frozenset({"tolist", "numpy", "__array__"})),
+)
+_SLEEP_CALLS = frozenset({"sleep"})
+_SYNC_CALLS = frozenset(
+    {"item", "tolist", "cpu", "numpy", "synchronize", "wait_stream", "wait_event", "nonzero"}
+)
+_WRITE_CALLS = frozenset(
+    {"save", "savez", "savez_compressed", "save_file", "dump", "write", "writelines", "fsync",
+     "flush", "rename", "replace", "copyfile", "copy2"}
+)  # fmt: skip
+_LOG_CALLS = frozenset({"print", "pprint", "log", "info", "debug", "warning", "add_scalar"})
+_CONSOLE_NAMES = frozenset({"sys", "stdout", "stderr", "logger", "logging", "log", "writer"})
+_READ_CALLS = frozenset(
+    {"read", "readinto", "readline", "readlines", "read_bytes", "read_text", "pread",
+     "fromfile", "loadtxt", "genfromtxt", "memmap", "imread", "load", "load_file"}
+)  # fmt: skip
+_SOCKET_CALLS = frozenset(
+    {"recv", "recv_into", "recvfrom", "send", "sendall", "connect", "create_connection",
+     "getaddrinfo", "urlopen", "urlretrieve", "getresponse", "get", "post"}
+)  # fmt: skip
+_SOCKET_NAMES = frozenset(
+    {"socket", "requests", "urllib", "urllib3", "http", "httpx", "boto3", "botocore", "ssl",
+     "session", "client", "s3"}
+)  # fmt: skip
+_TENSOR_CALLS = frozenset(
+    {"tensor", "as_tensor", "from_numpy", "stack", "cat", "randn", "rand", "randint", "randperm",
+     "normal", "zeros", "ones", "empty", "full", "arange", "linspace", "frombuffer",
+     "pin_memory", "to", "cuda", "contiguous"}
+)  # fmt: skip
+_SOCKET_PATHS = (
+    "/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py", "/urllib3/",
+    "/requests/", "/httpx/", "/httpcore/", "/aiohttp/", "/botocore/", "/boto3/",
+    "/s3transfer/", "/s3fs/", "/gcsfs/", "/google/cloud/storage/", "/azure/storage/",
+    "/fsspec/implementations/http", "/grpc/",
+)  # fmt: skip
+_READ_PATHS = (
+    "/numpy/lib/format.py", "/numpy/lib/_format_impl.py", "/numpy/lib/npyio.py",
+    "/numpy/lib/_npyio_impl.py", "/h5py/", "/pyarrow/", "/safetensors/",
+    "/torch/serialization.py", "/zipfile", "/tarfile.py", "/gzip.py", "/_compression.py",
+    "/lmdb/", "/glob.py",
+)  # fmt: skip
+_IPC_PATHS = (
+    "/multiprocessing/queues.py",
+    "/multiprocessing/connection.py",
+    "/queue.py",
+    "/concurrent/futures/",
+)
+_DELEGATING = ("/selectors.py", "/threading.py", "/subprocess.py")
+
+_DATA_WORDS = frozenset(
+    {"data", "dataset", "datasets", "dataloader", "batch", "batches", "batcher", "sample",
+     "samples", "sampler", "load", "loader", "loading", "read", "reader", "fetch", "feature",
+     "features", "featurize", "featurise", "token", "tokens", "tokenize", "tokenise",
+     "tokenizer", "augment", "augmentation", "augmentations", "transform", "transforms",
+     "collate", "preprocess", "preprocessing", "prepare", "decode", "decoder", "crop", "resize",
+     "normalize", "normalise", "encode", "synth", "synthesize", "synthetic", "shuffle",
+     "getitem", "iter", "next", "sentence", "sentences", "image", "images", "audio", "corpus",
+     "example", "examples", "input", "inputs", "generate", "generator", "minibatch", "prefetch",
+     "prefetcher", "pipeline", "record", "records", "shard", "shards"}
+)  # fmt: skip
+_LOG_WORDS = frozenset(
+    {"log", "logs", "logger", "logging", "print", "report", "metric", "metrics", "stats",
+     "summary", "summaries", "progress", "display", "show", "plot", "visualize", "track",
+     "tracker", "monitor"}
+)  # fmt: skip
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z]|\b|_|\d)|[A-Z]?[a-z]+|\d+")
+_words_cache: dict[str, frozenset[str]] = {}
+_CACHE_MAX = 4096
+
+
+def name_words(name: str) -> frozenset[str]:
+    """Lower-case words of an identifier or file stem: ``makeBatch_v2`` -> make, batch, v, 2."""
+    cached = _words_cache.get(name)
+    if cached is None:
+        if len(_words_cache) >= _CACHE_MAX:
+            _words_cache.clear()
+        cached = frozenset(w.lower() for w in _WORD.findall(name))
+        _words_cache[name] = cached
+    return cached
+
+
+def _stem(path: str) -> str:
+    base = path.rsplit("/", 1)[-1]
+    return base[:-3] if base.endswith(".py") else base
+
+
+def _callee_state(callees: tuple[str, ...]) -> str | None:
+    """The state a C call made from the innermost frame decides."""
+    if not callees:
+        return None
+    last = callees[-1]
+    names = set(callees[:-1])
+    if last in _SLEEP_CALLS:
+        return "sleep"
+    if last in _SYNC_CALLS:
+        return "sync"
+    if last in _LOG_CALLS or (last in ("write", "flush") and names & _CONSOLE_NAMES):
+        return "log"
+    if last in _SOCKET_CALLS and (last not in ("get", "post") or names & _SOCKET_NAMES):
+        return "socket_wait"
+    if names & _SOCKET_NAMES and last in ("recv", "read", "send"):
+        return "socket_wait"
+    if last in _WRITE_CALLS:
+        return "file_write"
+    if last in _READ_CALLS:
+        return "file_read"
+    if last in _TENSOR_CALLS:
+        return "transform"
+    return None
+
+
+def _frame_function_state(frame: FrameInfo) -> str | None:
+    """``file_write``, ``sync`` or ``log`` when a frame anywhere on the stack says so."""
+    path = frame.path
+    for part, functions in _WRITE_FUNCTIONS:
+        if part in path and frame.function in functions:
+            return "file_write"
+    for part, functions in _SYNC_FUNCTIONS:
+        if part in path and frame.function in functions:
+            return "sync"
+    if any(p in path for p in _LOG_PATHS):
+        return "log"
+    return None
+
+
+def _path_state(frame: FrameInfo) -> str | None:
+    """The state a frame's file decides; ``"delegate"`` for frames that wait for a caller."""
+    path = frame.path
+    if any(p in path for p in _SOCKET_PATHS):
+        return "socket_wait"
+    if any(p in path for p in _READ_PATHS):
+        return "file_read"
+    if any(p in path for p in _IPC_PATHS):
+        return "ipc_wait"
+    if any(path.endswith(p) for p in _DELEGATING):
+        return "delegate"
+    return None
+
+
+def _script_state(frame: FrameInfo) -> str | None:
+    """What a frame of the script's own code says by its name: ``log`` or data."""
+    words = name_words(frame.function) | name_words(_stem(frame.path))
+    if words & _LOG_WORDS:
+        return "log"
+    if words & _DATA_WORDS:
+        return "transform"
+    return None
+
+
+def _data_named(frame: FrameInfo) -> bool:
+    """A frame of the script's own code whose function is named for data."""
+    if is_library(frame.filename):
+        return False
+    words = name_words(frame.function)
+    return bool(words & _DATA_WORDS) and not words & _LOG_WORDS
+
+
+def _in_data_code(frames: Sequence[FrameInfo]) -> bool:
+    return any(any(p in f.path for p in _DATA_PATHS) for f in frames)
+
+
+def classify_outside(frames: Sequence[FrameInfo]) -> str:
+    """The state of one stack of the training thread between steps, innermost frame first."""
+    if not frames:
+        return "other"
+    # A write, a device sync or a logging library anywhere on the stack names the
+    # whole sample: torch.save reads as much as it writes inside, a logger may
+    # end in a socket.
+    for frame in frames:
+        state = _frame_function_state(frame)
+        if state is not None:
+            return state
+    leaf = _callee_state(frames[0].callees)
+    if leaf == "sleep" and _data_named(frames[0]):
+        # A data function that sleeps polls or rate-limits its source: waiting for data.
+        return "ipc_wait"
+    if leaf is not None:
+        return leaf
+    for frame in frames:
+        state = _path_state(frame)
+        if state == "delegate":
+            continue
+        if state is not None:
+            return state
+        break
+    if _in_data_code(frames):
+        return "transform"
+    # The script's own frames, innermost first: the nearest named one decides.
+    for frame in frames:
+        if is_library(frame.filename):
+            continue
+        state = _script_state(frame)
+        if state is not None:
+            return state
+    if any(frames[0].path.endswith(p) for p in _DELEGATING):
+        return "other"  # waiting on a lock, an event or a child: not Python running
+    return "python"

@@ -1,0 +1,246 @@
+"""What ``trainmedic run --apply-from SOURCE`` applies, decided before the job starts.
+
+``SOURCE`` is a previous run directory — its findings' ``apply`` payloads
+(:attr:`trainmedic.findings.model.Finding.apply`; warnings and errors only)
+and its record's evidence for the torch switches
+(:mod:`trainmedic.remedies.switches`) — or the JSON file of
+``trainmedic tune dataloader --json FILE``, whose best settings are applied
+only when their speed-up was significant (its 95 % interval above 1x).
+
+The plan travels to the job in :data:`APPLY_ENV` (JSON); the probe in each
+process applies it (:mod:`trainmedic.probe.apply`) and reports every change
+in the run record. This module runs in the supervisor: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainmedic.errors import InputError
+from trainmedic.findings.model import Finding, Severity
+from trainmedic.record.types import RunRecord
+from trainmedic.remedies.switches import RunEvidence, plan_switches
+
+APPLY_ENV = "TRAINMEDIC_APPLY"
+"""The plan, as JSON, in the job's environment."""
+
+LOADER_KEYS = ("num_workers", "prefetch_factor", "pin_memory", "threads", "persistent_workers")
+
+
+@dataclass(frozen=True)
+class ApplyPlan:
+    """The changes to make inside the job, and why.
+
+    Attributes:
+        source: the run directory or tuning file it came from.
+        dataloader: settings for the DataLoaders (:data:`LOADER_KEYS`).
+        switches: torch switches to turn on (``tf32_matmul``, ``cudnn_benchmark``).
+        dataset_types: only loaders over these dataset classes are changed
+            (empty: any map-style dataset).
+        reasons: why each setting or switch is (or is not) in the plan.
+    """
+
+    source: str
+    dataloader: Mapping[str, Any] = field(default_factory=dict)
+    switches: Mapping[str, bool] = field(default_factory=dict)
+    dataset_types: tuple[str, ...] = ()
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.dataloader and not self.switches
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "dataloader": dict(self.dataloader),
+            "switches": dict(self.switches),
+            "dataset_types": list(self.dataset_types),
+            "reasons": dict(self.reasons),
+        }
+
+    def to_env(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ApplyPlan:
+        return cls(
+            source=str(data.get("source", "")),
+            dataloader=dict(data.get("dataloader") or {}),
+            switches={str(k): bool(v) for k, v in dict(data.get("switches") or {}).items()},
+            dataset_types=tuple(str(t) for t in data.get("dataset_types") or ()),
+            reasons={str(k): str(v) for k, v in dict(data.get("reasons") or {}).items()},
+        )
+
+    def describe(self) -> list[str]:
+        """One line per planned change, then what was left out and why."""
+        lines = []
+        for key, value in self.dataloader.items():
+            why = self.reasons.get(key, "")
+            lines.append(f"DataLoader {key}={value}" + (f" ({why})" if why else ""))
+        for name in self.switches:
+            lines.append(f"{name} ({self.reasons.get(name, '')})")
+        for key, why in self.reasons.items():
+            if key not in self.dataloader and key not in self.switches:
+                lines.append(f"{key}: {why}")
+        return lines
+
+
+def plan_from(source: str | Path) -> ApplyPlan:
+    """The plan for ``source``: a run directory or a tuning JSON file."""
+    path = Path(source)
+    if path.is_dir():
+        return plan_from_run(path)
+    if path.is_file():
+        return plan_from_tuning(path)
+    raise InputError(f"--apply-from {source}: no such run directory or tuning file")
+
+
+def _merge_loader(
+    into: dict[str, Any], reasons: dict[str, str], settings: Mapping[str, Any], why: str
+) -> None:
+    for key, value in settings.items():
+        if key not in LOADER_KEYS or value is None:
+            continue
+        if key == "persistent_workers":
+            reasons[key] = (
+                "not applied: persistent workers keep their copy of the dataset, which "
+                "changes scripts that modify it between epochs"
+            )
+            continue
+        if value is False or (key != "threads" and value == 0) or (key == "threads" and value == 1):
+            continue  # a remedy only turns on and raises; the script's own values stay
+        old = into.get(key)
+        if isinstance(value, bool):
+            new: Any = bool(old) or value
+        else:
+            new = max(int(value), int(old or 0))
+        if new != old:
+            into[key] = new
+            reasons[key] = why
+
+
+def _findings(run_dir: Path, record: RunRecord) -> tuple[list[Finding], dict[str, Any]]:
+    """The run's findings as reported (``findings.json``) and that document's context;
+    a fresh diagnosis of the record when the run wrote none."""
+    path = run_dir / "findings.json"
+    if path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            from trainmedic.findings.model import FindingsDocument
+
+            doc = FindingsDocument.from_dict(data)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"--apply-from {path}: unreadable findings ({exc})") from None
+        return list(doc.findings), dict(doc.context)
+    from trainmedic.diagnose import diagnose_run
+
+    return diagnose_run(record), {}
+
+
+def _carried(
+    record: RunRecord, context: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str], tuple[str, ...]]:
+    """What the previous run itself applied with ``--apply-from`` and kept: its loader
+    settings, its switches and its dataset types. An unmodified script needs them again
+    (its findings no longer ask for what was already applied)."""
+    prior = context.get("apply_plan")
+    if not isinstance(prior, Mapping):
+        return {}, [], ()
+    applied = {e.data.get("remedy") for e in record.events if e.kind == "remedy_applied"}
+    reverted = {e.data.get("remedy") for e in record.events if e.kind == "remedy_reverted"}
+    loader: dict[str, Any] = {}
+    if "dataloader" in applied and "dataloader" not in reverted:
+        loader = dict(prior.get("dataloader") or {})
+    switches = [
+        name for name, on in dict(prior.get("switches") or {}).items() if on and name in applied
+    ]
+    types = tuple(str(t) for t in prior.get("dataset_types") or ())
+    return loader, switches, types
+
+
+def plan_from_run(run_dir: Path) -> ApplyPlan:
+    """The plan a previous run's findings and record support."""
+    if not (run_dir / "meta.json").exists():
+        raise InputError(f"--apply-from {run_dir}: not a trainmedic run directory (no meta.json)")
+    from trainmedic.diagnose.view import RunView
+    from trainmedic.record.store import load_run_record
+
+    try:
+        record = load_run_record(run_dir)
+    except Exception as exc:
+        raise InputError(f"--apply-from {run_dir}: unreadable run record ({exc})") from None
+    findings, context = _findings(run_dir, record)
+    loader: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+    tf32: list[str] = []
+    carried, carried_switches, carried_types = _carried(record, context)
+    if carried:
+        _merge_loader(loader, reasons, carried, f"applied in {run_dir} with --apply-from, and kept")
+    if "tf32_matmul" in carried_switches:
+        tf32.append(f"{run_dir} (applied there)")
+    for f in findings:
+        if f.severity.rank < Severity.WARNING.rank or not f.apply:
+            continue
+        settings = f.apply.get("dataloader")
+        if isinstance(settings, Mapping):
+            _merge_loader(loader, reasons, settings, f"{f.id}: {f.title}")
+        torch_switches = f.apply.get("torch")
+        if isinstance(torch_switches, Mapping) and torch_switches.get("tf32_matmul"):
+            tf32.append(f.id)
+    view = RunView.of(record)
+    evidence = RunEvidence(
+        uses_gpu=view.uses_gpu,
+        gpu_busy_share=view.gpu_busy_share,
+        compute_capability=view.compute_capability,
+        tf32_findings=tuple(tf32),
+    )
+    switches, switch_reasons = plan_switches(evidence)
+    reasons.update(switch_reasons)
+    if not loader:
+        reasons.setdefault(
+            "dataloader", "nothing to change: no finding of the run recommends loader settings"
+        )
+    if "cudnn_benchmark" in carried_switches and "cudnn_benchmark" not in switches:
+        switches["cudnn_benchmark"] = True
+        reasons["cudnn_benchmark"] = f"applied in {run_dir} (fixed input shapes seen there)"
+    types = carried_types or tuple(
+        sorted({lo.dataset_type for lo in view.train_loaders if lo.dataset_type})
+    )
+    return ApplyPlan(str(run_dir), loader, switches, types, reasons)
+
+
+def plan_from_tuning(path: Path) -> ApplyPlan:
+    """The plan of a ``trainmedic tune dataloader --json`` file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--apply-from {path}: not a JSON file ({exc})") from None
+    if not isinstance(data, dict) or data.get("tool") != "tune-dataloader":
+        raise InputError(
+            f"--apply-from {path}: not a tuning result (write one with "
+            "trainmedic tune dataloader MODULE:FACTORY --json FILE)"
+        )
+    best = data.get("best")
+    ci = data.get("speedup_ci")
+    if not isinstance(best, dict):
+        raise InputError(f"--apply-from {path}: the tuning result has no 'best' settings")
+    loader: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+    if isinstance(ci, list) and len(ci) == 2 and float(ci[0]) > 1.0:
+        why = (
+            f"tuned: {float(data.get('speedup', 0)):.2f}x (95 % CI {float(ci[0]):.2f}x-"
+            f"{float(ci[1]):.2f}x) over the settings measured"
+        )
+        _merge_loader(loader, reasons, best, why)
+    else:
+        reasons["dataloader"] = (
+            "not applied: the tuning did not find settings significantly faster than the "
+            "current ones"
+        )
+    kind = data.get("dataset_type")
+    return ApplyPlan(str(path), loader, {}, (kind,) if isinstance(kind, str) else (), reasons)

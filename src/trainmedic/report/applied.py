@@ -1,0 +1,61 @@
+"""What ``run --apply-from`` changed inside the job, read back from the run record's events.
+
+The probe reports each change (``remedy_applied``), each fallback to the
+script's own settings (``remedy_reverted``), each planned change it left out
+(``remedy_not_applied``) and each the script undid (``remedy_overridden``).
+Processes that did the same thing (ranks, say) are shown once with their count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.text import Text
+
+from trainmedic.record.types import RunRecord
+
+APPLY_KINDS = ("remedy_applied", "remedy_reverted", "remedy_not_applied", "remedy_overridden")
+_MARK = {
+    "remedy_applied": ("✓", "green"),
+    "remedy_reverted": ("↺", "yellow"),
+    "remedy_not_applied": ("–", "dim"),
+    "remedy_overridden": ("!", "yellow"),
+}
+
+
+@dataclass(frozen=True)
+class AppliedChange:
+    """One kind of change, as reported by ``processes`` processes."""
+
+    kind: str
+    message: str
+    processes: int
+
+
+def applied_changes(record: RunRecord) -> list[AppliedChange]:
+    """The ``--apply-from`` events of ``record``, one per distinct message, in order."""
+    seen: dict[tuple[str, str], set[int | None]] = {}
+    for e in record.events:
+        if e.kind in APPLY_KINDS:
+            seen.setdefault((e.kind, e.message), set()).add(e.pid)
+    return [AppliedChange(kind, message, len(pids)) for (kind, message), pids in seen.items()]
+
+
+def render_applied(console: Console, record: RunRecord, source: str | None = None) -> None:
+    """Print the changes (nothing when the run applied nothing and had no plan)."""
+    changes = applied_changes(record)
+    if not changes and source is None:
+        return
+    title = "applied fixes" + (f" (--apply-from {source})" if source else "")
+    console.print(Text(title, style="bold underline"))
+    if not changes:
+        console.print(Text("  nothing was changed in the job", style="dim"))
+    for change in changes:
+        mark, style = _MARK[change.kind]
+        line = Text(f"  {mark} ", style=style)
+        line.append(change.message)
+        if change.processes > 1:
+            line.append(f" ({change.processes} processes)", style="dim")
+        console.print(line)
+    console.print()

@@ -1,0 +1,45 @@
+"""``trainmedic run`` end to end on a real GPU: a GPU series, the job on its GPU, no sampler error.
+
+Run by scripts/gpu-check; skipped without a GPU (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def test_run_records_gpu_readings_and_step_gpu_time(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # GPU-bound for a few seconds, so the 1 s GPU sampler sees it busy.
+    job = [sys.executable, str(SCRIPTS / "cuda_loop.py"), "4000", "sync"]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
+         "--", *job],
+        capture_output=True, text=True, timeout=400, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["gpu_backend"] == "nvml"
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    problems = [e for e in events if e["kind"] in ("sampler_error", "probe_error")]
+    assert problems == []
+    gpu = [json.loads(line) for line in (run_dir / "gpu.jsonl").read_text().splitlines()]
+    assert len(gpu) >= 2
+    first = gpu[0]
+    assert first["nm"] and first["id"].startswith(("GPU-", "MIG-")) and first.get("pci")
+    busy = [g["ug"] for g in gpu if g.get("ug") is not None]
+    assert busy and max(busy) > 30  # the job kept the GPU busy
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert any(s.get("g") for s in steps), "no step carried GPU time"
+    findings = json.loads((run_dir / "findings.json").read_text())["findings"]
+    assert not [f for f in findings if f["category"] == "hardware_fault"], findings

@@ -1,0 +1,66 @@
+"""What the heartbeat says about a thread: its place, and whether Python runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from trainmedic.probe.liveness import ThreadSamples, describe_frame, main_frame
+from trainmedic.resilience.places import Place, PlaceKind, classify_place
+
+
+def place_of(ident: int | None) -> Place:
+    frames, modules, calls, op = describe_frame(main_frame(ident), 6, lambda name: name)
+    return Place(frames, modules, calls, op)
+
+
+def run_in_thread(target, ready: threading.Event) -> threading.Thread:  # type: ignore[no-untyped-def]
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    assert ready.wait(5)
+    time.sleep(0.05)
+    return thread
+
+
+def test_a_sleeping_thread_is_parked_at_its_call_and_holds_no_lock() -> None:
+    ready, stop = threading.Event(), threading.Event()
+
+    def sleeper() -> None:
+        ready.set()
+        while not stop.is_set():
+            time.sleep(0.5)
+
+    thread = run_in_thread(sleeper, ready)
+    place = place_of(thread.ident)
+    assert place.calls == ("time", "sleep") and place.op == "CALL"
+    assert place.modules[0] == __name__
+    assert place.frames[0].endswith(" sleeper")
+    assert classify_place(place) is PlaceKind.SLEEP
+    samples = ThreadSamples()
+    for _ in range(4):
+        samples.sample()
+    assert samples.take() == (4, 0)  # the lock was free every time
+    assert samples.take() == (0, 0)
+    stop.set()
+
+
+def test_a_spinning_thread_holds_the_interpreter_lock() -> None:
+    ready, stop = threading.Event(), threading.Event()
+
+    def spinner() -> None:
+        ready.set()
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    run_in_thread(spinner, ready)
+    samples = ThreadSamples()
+    for _ in range(4):
+        samples.sample()
+    counted, busy = samples.take()
+    stop.set()
+    assert counted == 4 and busy >= 3  # each sample waited for the loop to let go
+
+
+def test_no_frame_describes_nothing() -> None:
+    assert describe_frame(None, 6, str) == ((), (), (), "")

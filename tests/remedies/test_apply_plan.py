@@ -1,0 +1,170 @@
+"""What ``run --apply-from`` plans from a previous run or a tuning file, before the job starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnose.builders import T0
+from diagnose.canonical import CANONICAL
+from trainmedic.errors import InputError
+from trainmedic.findings.model import Category, Finding, FindingsDocument, Severity
+from trainmedic.record.store import RunRecordWriter
+from trainmedic.record.types import RunEvent, RunRecord
+from trainmedic.remedies.apply_plan import ApplyPlan, plan_from
+
+
+def write_run(record: RunRecord, run_dir: Path, findings: list[Finding] | None = None) -> Path:
+    writer = RunRecordWriter(run_dir)
+    writer.write_meta(record.meta)
+    for step in record.steps:
+        writer.add_step(step)
+    for gpu in record.gpu:
+        writer.add_gpu(gpu)
+    for host in record.host:
+        writer.add_host(host)
+    for loader in record.loaders:
+        writer.add_loader(loader)
+    for activity in record.loader_activity:
+        writer.add_loader_activity(activity)
+    for event in record.events:
+        writer.add_event(event)
+    writer.close()
+    if findings is not None:
+        doc = FindingsDocument.build("run", findings, created_at=0.0)
+        (run_dir / "findings.json").write_text(json.dumps(doc.to_dict()))
+    return run_dir
+
+
+def tuning_file(path: Path, ci: list[float], **best: object) -> Path:
+    settings = {"num_workers": 4, "prefetch_factor": 4, "persistent_workers": True,
+                "pin_memory": False, "threads": 1}  # fmt: skip
+    settings.update(best)
+    path.write_text(
+        json.dumps(
+            {
+                "tool": "tune-dataloader",
+                "best": settings,
+                "speedup": sum(ci) / 2,
+                "speedup_ci": ci,
+                "dataset_type": "data.Images",
+            }
+        )
+    )
+    return path
+
+
+def test_an_input_bound_run_plans_its_findings_loader_settings(tmp_path: Path) -> None:
+    plan = plan_from(write_run(CANONICAL["input_no_workers"](), tmp_path / "run"))
+    assert plan.dataloader["num_workers"] >= 2
+    assert plan.dataloader["prefetch_factor"] == 4
+    assert plan.reasons["num_workers"].startswith("input.")
+    assert plan.dataset_types == ("map",)  # the training loader's dataset
+    assert "persistent_workers" not in plan.dataloader
+
+
+def test_findings_json_is_read_when_present_and_info_findings_are_not_applied(
+    tmp_path: Path,
+) -> None:
+    def finding(severity: Severity, workers: int, id_: str) -> Finding:
+        return Finding(
+            id=id_,
+            category=Category.IO,
+            severity=severity,
+            title="waits",
+            apply={"dataloader": {"num_workers": workers, "persistent_workers": True}},
+        )
+
+    run = write_run(
+        CANONICAL["healthy_cpu"](),
+        tmp_path / "run",
+        [finding(Severity.WARNING, 3, "input.io"), finding(Severity.INFO, 9, "input.hint")],
+    )
+    plan = plan_from(run)
+    assert plan.dataloader == {"num_workers": 3}
+    assert "not applied" in plan.reasons["persistent_workers"]
+
+
+def test_a_gpu_bound_float32_run_plans_tf32_and_cudnn_autotuning(tmp_path: Path) -> None:
+    plan = plan_from(write_run(CANONICAL["hot_shared_gpu"](), tmp_path / "run"))
+    assert plan.switches == {"tf32_matmul": True, "cudnn_benchmark": True}
+    assert "model.no_mixed_precision" in plan.reasons["tf32_matmul"]
+
+
+def test_a_healthy_cpu_run_plans_nothing_and_says_why(tmp_path: Path) -> None:
+    plan = plan_from(write_run(CANONICAL["healthy_cpu"](), tmp_path / "run"))
+    assert plan.empty
+    lines = plan.describe()
+    assert any("no finding of the run recommends loader settings" in line for line in lines)
+    assert any("did not use a GPU" in line for line in lines)
+
+
+def test_a_significant_tuning_result_is_applied_and_persistence_is_left_out(
+    tmp_path: Path,
+) -> None:
+    plan = plan_from(tuning_file(tmp_path / "t.json", [1.6, 2.1], threads=8))
+    assert plan.dataloader == {"num_workers": 4, "prefetch_factor": 4, "threads": 8}
+    assert plan.dataset_types == ("data.Images",)
+    assert "1.85x (95 % CI 1.60x-2.10x)" in plan.reasons["num_workers"]
+
+
+def test_a_tuning_result_whose_interval_includes_one_applies_nothing(tmp_path: Path) -> None:
+    plan = plan_from(tuning_file(tmp_path / "t.json", [0.97, 1.2]))
+    assert plan.empty and "significantly faster" in plan.reasons["dataloader"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not a JSON file"),
+        ('{"tool": "doctor"}', "not a tuning result"),
+        ('{"tool": "tune-dataloader"}', "has no 'best' settings"),
+    ],
+)
+def test_bad_tuning_files_are_refused(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match=message):
+        plan_from(path)
+
+
+def test_missing_sources_and_directories_that_are_not_runs_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such run directory or tuning file"):
+        plan_from(tmp_path / "nothing")
+    with pytest.raises(InputError, match="not a trainmedic run directory"):
+        plan_from(tmp_path)
+
+
+def test_the_plan_travels_as_json() -> None:
+    plan = ApplyPlan("src", {"num_workers": 2}, {"tf32_matmul": True}, ("a.B",), {"x": "y"})
+    assert ApplyPlan.from_dict(json.loads(plan.to_env())) == plan
+
+
+def applied_run(tmp_path: Path, *events: RunEvent) -> Path:
+    rec = CANONICAL["healthy_cpu"]()
+    rec.events.extend(events)
+    run = write_run(rec, tmp_path / "run", [])
+    doc = json.loads((run / "findings.json").read_text())
+    doc["context"]["apply_plan"] = ApplyPlan(
+        "first-run", {"num_workers": 2, "prefetch_factor": 4}, {}, ("data.Images",)
+    ).to_dict()
+    (run / "findings.json").write_text(json.dumps(doc))
+    return run
+
+
+def test_what_the_previous_run_applied_and_kept_is_applied_again(tmp_path: Path) -> None:
+    # The script is unmodified: its next run needs the settings again, though the
+    # previous run's findings no longer ask for them.
+    kept = RunEvent(T0, "remedy_applied", "DataLoader ...", data={"remedy": "dataloader"})
+    plan = plan_from(applied_run(tmp_path, kept))
+    assert plan.dataloader == {"num_workers": 2, "prefetch_factor": 4}
+    assert plan.dataset_types == ("data.Images",)
+    assert "with --apply-from, and kept" in plan.reasons["num_workers"]
+
+
+def test_what_the_previous_run_had_to_revert_is_not_applied_again(tmp_path: Path) -> None:
+    applied = RunEvent(T0, "remedy_applied", "DataLoader ...", data={"remedy": "dataloader"})
+    reverted = RunEvent(T0, "remedy_reverted", "back", data={"remedy": "dataloader"})
+    assert plan_from(applied_run(tmp_path, applied, reverted)).dataloader == {}
