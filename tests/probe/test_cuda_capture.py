@@ -17,7 +17,8 @@ import torch
 from trainmedic.probe import graphs
 from trainmedic.probe.cuda import CudaSteps
 from trainmedic.probe.parts import Parts
-from trainmedic.probe.steps import StepDraft, StepTracker
+from trainmedic.probe.segments import Segment, StepDraft
+from trainmedic.probe.steps import StepTracker
 
 
 class CaptureInvalidated(RuntimeError):
@@ -87,9 +88,10 @@ def make_cuda() -> tuple[CudaSteps, FakeCuda, list[tuple[StepDraft, Any]]]:
 
 
 def draft(step: int, marker: Any) -> StepDraft:
-    return StepDraft(
-        step, "train", "optimizer", 0.0, 1.0, 1.0, 0.0, 0, 0.0, 0.0, 1.0, 8, None, marker
+    seg = Segment.of(
+        0.0, compute=1.0, compute_seen=True, forward_samples=8, start_marker=marker
     )
+    return StepDraft(step, "train", "optimizer", 1.0, seg)
 
 
 def test_nothing_cuda_side_happens_while_a_graph_is_captured() -> None:
