@@ -155,16 +155,25 @@ def test_the_host_reading_measures_the_jobs_cpu(busy_job: psutil.Process) -> Non
 
 def test_a_process_started_between_readings_counts_in_full(busy_job: psutil.Process) -> None:
     extra: list[psutil.Process] = []
-    sampler = HostSampler(busy_job.pid, lambda s: None, tree=lambda: [busy_job, *extra])
+    now = [0.0]  # one second between the readings, however long the machine takes
+    sampler = HostSampler(
+        busy_job.pid, lambda s: None, tree=lambda: [busy_job, *extra], monotonic=lambda: now[0]
+    )
     sampler.read()
+    busy_from = sum(busy_job.cpu_times()[:2])
     worker = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
         extra.append(psutil.Process(worker.pid))
         _wait_for_cpu(extra[0], 0.3)
+        worker_cpu_s = sum(extra[0].cpu_times()[:2])
+        busy_cpu_s = sum(busy_job.cpu_times()[:2]) - busy_from
+        now[0] = 1.0
         sample = sampler.read()
         assert sample is not None
         assert sample.job_processes == 2
-        assert sample.job_cpu_pct > 30.0
+        # All the worker's CPU since its start counts, not only what it used after
+        # it was first seen (at least 0.3 s, against 1 s between the readings).
+        assert sample.job_cpu_pct >= 100.0 * (worker_cpu_s + busy_cpu_s) - 1.0
     finally:
         worker.kill()
         worker.wait()

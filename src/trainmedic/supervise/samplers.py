@@ -197,6 +197,7 @@ class HostSampler:
         self._self = psutil.Process()
         self._last_t: float | None = None
         self._last_wall: float | None = None
+        self._last_since_boot: float | None = None
         self._last_self_cpu = 0.0
         self._last_cpu: object | None = None
         self._last_disk: object | None = None
@@ -219,9 +220,11 @@ class HostSampler:
     def read(self) -> HostSample | None:
         now = self._monotonic()
         wall = self._wall()
+        since_boot = _since_boot()
         job_cpu_s, rss, count = self._tree_cpu(wall)
         threads = self._read_threads(now)  # the first call takes its baseline
         self._last_wall = wall
+        self._last_since_boot = since_boot
         cpu = psutil.cpu_times()
         disk = _disk()
         net = _net()
@@ -281,6 +284,23 @@ class HostSampler:
         except Exception:
             return None  # scheduler counters only refine the reading
 
+    def _started_since_last(self, create_time: float) -> bool:
+        """Whether a process that started at ``create_time`` (psutil's) started after
+        the previous reading.
+
+        psutil's start times are whole-second boot times plus clock ticks, up to
+        a second off the wall clock, so they are compared as time since boot,
+        where they are exact to a tick (10 ms: a process that started in the
+        tick before the reading counts in full, at most 10 ms of CPU too much).
+        """
+        if self._last_since_boot is None:
+            return False
+        try:
+            started = create_time - psutil.boot_time()
+        except (psutil.Error, OSError):
+            return False
+        return started >= self._last_since_boot - _TICK_S
+
     def _tree_cpu(self, wall: float) -> tuple[float, int, int]:
         """(CPU seconds the tree used since the last reading, RSS bytes, processes)."""
         delta = 0.0
@@ -302,13 +322,26 @@ class HostSampler:
             # when that was after the previous reading.
             if previous is not None:
                 delta += max(0.0, cpu_s - previous.cpu_s)
-            elif self._last_wall is not None and key[1] >= self._last_wall:
+            elif self._started_since_last(key[1]):
                 delta += cpu_s
             current[key] = previous or _Seen(p, cpu_s)
             current[key].cpu_s = cpu_s
             self.pids_seen[p.pid] = key[1]
         self._seen = current
         return delta, rss, len(current)
+
+
+_TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+"""One clock tick, the resolution of process start times, seconds."""
+
+
+def _since_boot() -> float:
+    """Seconds since boot on the clock process start times count in (Linux),
+    the monotonic clock elsewhere."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic()
+    return time.clock_gettime(boottime)
 
 
 def _cpu_shares(before: object | None, after: object) -> tuple[float | None, float | None]:
