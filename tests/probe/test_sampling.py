@@ -9,6 +9,7 @@ import pytest
 
 from trainmedic.probe.sampling import (
     FAST_S,
+    FIRST_SAMPLES,
     SLOW_S,
     STALL_FLOOR_S,
     WAIT_SAMPLES_PER_S,
@@ -58,10 +59,21 @@ def test_a_loader_bound_process_is_sampled_often_enough_for_its_diagnosis() -> N
     clock = Clock()
     for share in (WATCH_SHARE, 0.25, 0.5, 0.9):
         policy = MainPolicy(stats_of(0.01, share), lambda: None, clock)
-        period = policy.period(None)
+        # The first samples of the wait come as fast as they can: a run of a few
+        # seconds needs them all for its diagnosis.
+        periods = [policy.period("file_read") for _ in range(FIRST_SAMPLES)]
+        assert periods[: FIRST_SAMPLES - 1] == [FAST_S] * (FIRST_SAMPLES - 1)
+        period = policy.period("file_read")
         assert FAST_S <= period < SLOW_S
-        # About WAIT_SAMPLES_PER_S samples of the wait a second, whatever its share.
+        # Then about WAIT_SAMPLES_PER_S samples of the wait a second, whatever its share.
         assert share / period == pytest.approx(WAIT_SAMPLES_PER_S, rel=0.05)
+
+
+def test_wake_ups_that_found_nothing_waiting_do_not_count_as_samples() -> None:
+    policy = MainPolicy(stats_of(0.01, 0.9), lambda: None, Clock())
+    for _ in range(3 * FIRST_SAMPLES):
+        assert policy.period(None) == FAST_S
+    assert policy.taken == 0
 
 
 def test_healthy_steps_are_sampled_rarely_unless_a_wait_becomes_a_stall() -> None:

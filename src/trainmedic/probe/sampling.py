@@ -5,8 +5,10 @@ diagnosing, and rare (:data:`SLOW_S`) while steps are healthy:
 
 * in the training process (:class:`MainPolicy`): frequent while the recent
   data wait is at least :data:`WATCH_SHARE` of step time (the diagnosis
-  reports a data wait from 20 %) - about :data:`WAIT_SAMPLES_PER_S` samples of
-  the wait a second -, before the first steps are known, and every
+  reports a data wait from 20 %) - every :data:`FAST_S` for the first
+  :data:`FIRST_SAMPLES` samples of the wait, then about
+  :data:`WAIT_SAMPLES_PER_S` samples of the wait a second -, before the first
+  steps are known, and every
   :data:`FAST_S` while the current wait has lasted :data:`STALL_FACTOR` times
   the usual step and at least :data:`STALL_FLOOR_S` (a stall in progress: the
   diagnosis names a stall's cause from the stack samples taken during it);
@@ -43,6 +45,11 @@ WAIT_SAMPLES_PER_S = 5.0
 """Samples of waiting threads aimed for per second while the data wait is watched:
 the period is the wait's share over this (20 ms at a 10 % wait, 100 ms at 50 %),
 so a job that mostly waits is not woken more than its diagnosis needs."""
+FIRST_SAMPLES = 200
+"""Samples of waiting threads taken at :data:`FAST_S` before the rate drops to
+:data:`WAIT_SAMPLES_PER_S`: a short run (a few seconds of steps) still gets the
+samples its diagnosis needs (it names a wait's cause from 20 on); a long one
+pays for them once (about 5 ms of the probe thread's CPU)."""
 WORKER_FAST_S = 0.05
 """Seconds between two samples of a saturated DataLoader worker."""
 STALL_FACTOR = 4.0
@@ -106,13 +113,19 @@ class MainPolicy:
         self._stats = stats
         self._waiting_since = waiting_since
         self._clock = clock
+        self.taken = 0
+        """Samples of a waiting thread taken so far."""
 
     def period(self, last_state: str | None) -> float:
+        if last_state is not None:
+            self.taken += 1
         stats = self._stats
         if not stats.known:
             return FAST_S
         share = stats.wait_share
         if share >= WATCH_SHARE:
+            if self.taken < FIRST_SAMPLES:
+                return FAST_S
             return min(SLOW_S, max(FAST_S, share / WAIT_SAMPLES_PER_S))
         since = self._waiting_since()
         if since is not None:
