@@ -69,6 +69,21 @@ def test_a_planned_loader_gets_more_workers_and_keeps_them_when_they_start(apply
     )
 
 
+def test_planned_fetch_threads_wrap_the_dataset_and_keep_its_batches(apply: Any) -> None:
+    from trainmedic.remedies.threaded import ThreadedFetch
+
+    _, probe = apply(dataloader={"num_workers": 1, "threads": 4}, dataset_types=[])
+    loader = DataLoader(Numbers(), batch_size=8)
+    assert isinstance(loader.dataset, ThreadedFetch) and loader.dataset.threads == 4
+    batches = [b[:, 0].tolist() for b in loader]
+    assert batches == [[float(i) for i in range(k, k + 8)] for k in range(0, 64, 8)]  # in order
+    (event,) = probe.events
+    assert event.data["changed"] == {
+        "num_workers": [0, 1],
+        "dataset": [f"{Numbers.__module__}.Numbers", "ThreadedFetch(threads=4)"],
+    }
+
+
 def test_the_scripts_own_larger_settings_are_never_lowered(apply: Any) -> None:
     _, probe = apply(dataloader={"num_workers": 2, "prefetch_factor": 4})
     loader = DataLoader(Numbers(), batch_size=8, num_workers=3, prefetch_factor=6)

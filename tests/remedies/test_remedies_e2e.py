@@ -47,7 +47,9 @@ def test_apply_from_makes_an_unmodified_input_bound_script_faster(tmp_path: Path
     assert before.returncode == 0, before.stderr
     findings = json.loads((tmp_path / "before" / "findings.json").read_text())["findings"]
     assert findings[0]["id"].startswith("input.")
-    assert findings[0]["apply"]["dataloader"]["num_workers"] >= 2
+    plan = findings[0]["apply"]["dataloader"]
+    # More samples in flight: worker processes, or fetch threads inside one.
+    assert plan["num_workers"] >= 1 and plan["num_workers"] * plan.get("threads", 1) >= 2
 
     after = trainmedic_run(
         "--out", str(tmp_path / "after"), "--apply-from", str(tmp_path / "before"), "--", *job,
@@ -62,7 +64,7 @@ def test_apply_from_makes_an_unmodified_input_bound_script_faster(tmp_path: Path
     loaders = load_run_record(tmp_path / "after").loaders
     assert loaders[0].num_workers == applied[0].data["changed"]["num_workers"][1]
     context = json.loads((tmp_path / "after" / "findings.json").read_text())["context"]
-    assert context["apply_plan"]["dataloader"]["num_workers"] >= 2
+    assert context["apply_plan"]["dataloader"] == plan
 
     # The effect, from the two runs' step records: the median step is faster and the
     # bootstrap interval of the throughput ratio lies above 1.

@@ -127,48 +127,52 @@ class SlowDisk:
     """Files as on a slow network disk: every read waits ``read_delay_s`` for its data,
     writes go at ``write_bytes_per_s``.
 
-    A thread of the reading process plays the disk: it waits the delay, then
+    A thread plays the disk for each reading thread: it waits the delay, then
     passes the file's bytes through a pipe, so the reader sits in a blocking
-    ``read(2)`` exactly as on NFS or a cloud volume. Made per process
-    (DataLoader workers are forked after the data set is built).
+    ``read(2)`` exactly as on NFS or a cloud volume. Like those, the disk serves
+    concurrent reads concurrently (each one waits its own delay), so threads
+    fetching samples in parallel gain as they would there. Made per process and
+    thread (DataLoader workers are forked after the data set is built).
     """
 
     def __init__(self, read_delay_s: float = 0.0, write_bytes_per_s: float = 0.0) -> None:
         self.read_delay_s = read_delay_s
         self.write_bytes_per_s = write_bytes_per_s
-        self._pid = -1
+        self._local = threading.local()
 
-    def _start(self) -> None:
-        self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._rfd, self._wfd = os.pipe()
-        threading.Thread(target=self._serve, name="slow-disk", daemon=True).start()
-        self._pid = os.getpid()
+    def __getstate__(self) -> dict[str, float]:
+        # Spawned workers get the settings; their own channels start on first read.
+        return {"read_delay_s": self.read_delay_s, "write_bytes_per_s": self.write_bytes_per_s}
 
-    def _serve(self) -> None:
+    def __setstate__(self, state: dict[str, float]) -> None:
+        self.__init__(state["read_delay_s"], state["write_bytes_per_s"])  # type: ignore[misc]
+
+    def _channel(self) -> tuple[queue.SimpleQueue[str], int]:
+        """This thread's request queue and the pipe end it reads."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            requests: queue.SimpleQueue[str] = queue.SimpleQueue()
+            rfd, wfd = os.pipe()
+            threading.Thread(
+                target=self._serve, args=(requests, wfd), name="slow-disk", daemon=True
+            ).start()
+            local.requests, local.rfd, local.pid = requests, rfd, os.getpid()
+        return local.requests, local.rfd
+
+    def _serve(self, requests: queue.SimpleQueue[str], wfd: int) -> None:
         while True:
-            path = self._requests.get()
+            path = requests.get()
             time.sleep(self.read_delay_s)
             data = Path(path).read_bytes()
-            os.write(self._wfd, struct.pack("<I", len(data)) + data)
+            os.write(wfd, struct.pack("<I", len(data)) + data)
 
     def read(self, path: str) -> bytes:
         if self.read_delay_s <= 0:
             return Path(path).read_bytes()
-        if self._pid != os.getpid():
-            self._start()
-        self._requests.put(path)
-        (size,) = struct.unpack("<I", self._read_exact(4))
-        return self._read_exact(size)
-
-    def _read_exact(self, n: int) -> bytes:
-        parts = []
-        while n > 0:
-            chunk = os.read(self._rfd, n)
-            if not chunk:
-                raise EOFError("slow disk closed")
-            parts.append(chunk)
-            n -= len(chunk)
-        return b"".join(parts)
+        requests, rfd = self._channel()
+        requests.put(path)
+        (size,) = struct.unpack("<I", _read_exact(rfd, 4))
+        return _read_exact(rfd, size)
 
     def write(self, path: Path, data: bytes) -> None:
         """Write ``data`` to ``path`` no faster than the disk allows."""
@@ -178,6 +182,17 @@ class SlowDisk:
                 f.write(data[start : start + chunk])
                 if self.write_bytes_per_s > 0:
                     time.sleep(len(data[start : start + chunk]) / self.write_bytes_per_s)
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    parts = []
+    while n > 0:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError("slow disk closed")
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
 
 
 class FileDigits(Dataset[tuple[torch.Tensor, int]]):

@@ -194,17 +194,25 @@ def input_bound(view: RunView, th: Thresholds) -> list[Finding]:
 
 def loader_apply(view: RunView, th: Thresholds, cause: InputCause) -> dict[str, Any] | None:
     """The loader settings of the fix that ``run --apply-from`` may set: more worker
-    processes where the cause is not a CPU already full (``cpu``, ``contention``).
+    processes where the cause is not a CPU already full (``cpu``, ``contention``),
+    and fetch threads inside them where the loading waits on latency.
 
-    The count is the one the fix recommends (sized from the measured fetch time
-    when it could be); threads inside workers need the script's own Dataset, so
-    they are never applied."""
+    The counts are the ones the fix recommends (sized from the measured fetch
+    time when it could be). Threads are applied by wrapping the script's
+    map-style dataset so that a batch's samples are fetched concurrently
+    (:class:`~trainmedic.remedies.threaded.ThreadedFetch`)."""
     workers = view.num_workers
     wanted = cause.evidence.get("recommended_num_workers")
     n = int(wanted) if isinstance(wanted, (int, float)) else recommended_workers(view, th)
-    if cause.category in (Category.CPU, Category.CONTENTION) or workers is None or workers >= n:
+    if cause.category in (Category.CPU, Category.CONTENTION) or workers is None:
         return None
-    settings: dict[str, Any] = {"num_workers": n, "prefetch_factor": 4}
+    threads = cause.evidence.get("recommended_threads_per_worker")
+    threads = int(threads) if isinstance(threads, (int, float)) and threads > 1 else 1
+    if workers >= n and threads == 1:
+        return None
+    settings: dict[str, Any] = {"num_workers": max(n, workers), "prefetch_factor": 4}
+    if threads > 1:
+        settings["threads"] = threads
     if view.uses_gpu:
         settings["pin_memory"] = True
     return {"dataloader": settings}

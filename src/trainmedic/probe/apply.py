@@ -174,7 +174,10 @@ class Applier:
                 applier._refused(bound.arguments["dataset"], original, new, exc)
                 original_init(loader, *args, **kwargs)
                 return
-            applier._applied(loader, original, new)
+            try:
+                applier._applied(loader, original, new)
+            except Exception as exc:  # the loader is built; only the record of it failed
+                applier.fail(exc)
 
         @functools.wraps(original_get)
         def _get_iterator(loader: Any) -> Any:
@@ -230,18 +233,23 @@ class Applier:
         return new
 
     def _settings(self, new: dict[str, Any]) -> dict[str, Any]:
-        return {
-            k: (f"ThreadedFetch(threads={v.threads})" if k == "dataset" else v)
-            for k, v in new.items()
-        }
+        """Loader arguments as the run record shows them (a dataset by its type)."""
+        from trainmedic.remedies.threaded import ThreadedFetch
+
+        def shown(key: str, value: Any) -> Any:
+            if key != "dataset":
+                return value
+            if isinstance(value, ThreadedFetch):
+                return f"ThreadedFetch(threads={value.threads})"
+            return _type_name(value)
+
+        return {k: shown(k, v) for k, v in new.items()}
 
     def _applied(self, loader: Any, original: dict[str, Any], new: dict[str, Any]) -> None:
         self.count += 1
         entry = _Changed(self.count, original, new.get("dataset"))
         self.changed[loader] = entry
         shown_old = self._settings(original)
-        if "dataset" in original:
-            shown_old["dataset"] = _type_name(original["dataset"])
         changed = {k: [shown_old[k], v] for k, v in self._settings(new).items()}
         self.event(
             "remedy_applied",
