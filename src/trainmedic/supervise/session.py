@@ -40,13 +40,13 @@ from trainmedic.record.store import META_FILE, RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
 from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.simulation import Simulation, load_simulation
-from trainmedic.supervise.attempts import (
+from trainmedic.supervise.attempt_setup import (
     AttemptIO,
-    AttemptLoop,
     CurrentJob,
     ResilienceOptions,
     StopRequests,
 )
+from trainmedic.supervise.attempts import AttemptLoop
 from trainmedic.supervise.census import ProcessCensus
 from trainmedic.supervise.fallback import run_on_unsupervised
 from trainmedic.supervise.keeper import OutputKeeper
@@ -376,9 +376,7 @@ class RunSession:
                         raise
                     # A bug of the supervisor must not cost the job its run or its
                     # exit status: supervision stops, the job runs on to its end.
-                    result = run_on_unsupervised(
-                        loop, exc, mux.notice, router.add_event, self.wall
-                    )
+                    result = run_on_unsupervised(loop, exc, mux.notice, router.add_event, self.wall)
             except BaseException:
                 for o in observers:
                     o.stop()
@@ -473,9 +471,7 @@ class RunSession:
         self.guard.reserve(run_dir)
         return writer, router, server
 
-    def _start_keeper(
-        self, server: ChannelServer, router: MessageRouter
-    ) -> OutputKeeper | None:
+    def _start_keeper(self, server: ChannelServer, router: MessageRouter) -> OutputKeeper | None:
         """The output keeper (the job's output outlives a killed supervisor), or ``None``."""
         if not self.keep_output:
             return None
