@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainmedic.diagnose.input_bound import input_cause
+from trainmedic.diagnose.input_causes import input_cause
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import BUSY_STATES, RunView, share_of
 from trainmedic.findings.model import Category, Finding, Severity
