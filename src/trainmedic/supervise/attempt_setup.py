@@ -19,8 +19,9 @@ from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.resilience.policy import DEFAULT_MAX_RESTARTS, RestartPolicy, default_policy
 from trainmedic.resilience.timeouts import TimeoutConfig
 from trainmedic.supervise.keeper import OutputKeeper
-from trainmedic.supervise.launcher import Job, SignalForwarder
+from trainmedic.supervise.launcher import Job
 from trainmedic.supervise.output import TerminalMux
+from trainmedic.supervise.signals import SignalForwarder
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from trainmedic.checkpoint import CHECKPOINT_DIR_ENV
+from trainmedic.ostext import signal_name
 from trainmedic.probe.forensics import STACKS_ENV
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import (
@@ -78,7 +79,6 @@ from trainmedic.supervise.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
     Job,
-    describe_signal,
 )
 from trainmedic.supervise.output import OutputPump
 from trainmedic.supervise.resume import checkpoint_dir, plan_resume
@@ -411,7 +411,7 @@ class AttemptLoop:
 
     def _decide(self, state: RestartState, c: Classification) -> Decision:
         if self.stops.requested is not None and c.failure_class is not FailureClass.SUCCESS:
-            name = describe_signal(self.stops.requested)
+            name = signal_name(self.stops.requested)
             return Decision(False, 0.0, f"not restarting: trainmedic received {name}")
         return self.policy.decide(state, c)
 

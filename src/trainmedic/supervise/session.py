@@ -50,7 +50,6 @@ from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
     become_subreaper,
     exit_status,
-    forwarding_signals,
     probe_environment,
     same_destination,
 )
@@ -62,6 +61,7 @@ from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.run_facts import bootstrap_errors, environment, machine_facts
 from trainmedic.supervise.rundir import command_name
 from trainmedic.supervise.samplers import SamplerThread
+from trainmedic.supervise.signals import forwarding_signals
 from trainmedic.supervise.watchdog import Watchdog
 
 STDOUT_LOG = "stdout.log"

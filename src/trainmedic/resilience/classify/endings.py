@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainmedic.findings.model import Category
+from trainmedic.ostext import signal_name
 from trainmedic.resilience.classify.model import (
     Base,
     Classification,
     FailureClass,
     FailureEvidence,
-    signal_name,
 )
 from trainmedic.resilience.classify.patterns import (
     COMM_ERROR_RE,

@@ -4,7 +4,6 @@ an ended attempt (:class:`FailureEvidence`), the classes it can end in
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -12,6 +11,7 @@ from typing import Any, Literal
 
 from trainmedic.findings.model import Category
 from trainmedic.gpu.types import GpuRef, GpuSample
+from trainmedic.ostext import signal_name
 from trainmedic.resilience.errorfile import ErrorReport
 
 STDERR_TAIL_LINES = 200
@@ -182,10 +182,3 @@ class Base:
             details=dict(details or {}),
             gpu=gpu,
         )
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainmedic.resilience.classify.model import MAX_LINE_CHARS, signal_name
+from trainmedic.ostext import signal_name
+from trainmedic.resilience.classify.model import MAX_LINE_CHARS
 from trainmedic.resilience.classify.patterns import (
     ANSI_RE,
     EXC_LINE_RE,
