@@ -26,7 +26,7 @@ from trainmedic.resilience.errorfile import ErrorReport, read_error_reports
 from trainmedic.resilience.group import StoppedRank
 from trainmedic.resilience.incidents import HANG_DETECTED, AttemptSummary
 from trainmedic.resilience.policy import Decision
-from trainmedic.resilience.silence import JobEvidence
+from trainmedic.resilience.silence_evidence import JobEvidence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutVerdict
 from trainmedic.supervise.forensics import HangForensics
 from trainmedic.supervise.launcher import Job
