@@ -20,7 +20,8 @@ from trainmedic.record.types import RunEvent
 from trainmedic.simulation import Simulation
 from trainmedic.supervise.attempt_setup import CurrentJob
 from trainmedic.supervise.census import ProcessCensus
-from trainmedic.supervise.live import LiveAggregate, LiveView
+from trainmedic.supervise.live import LiveAggregate
+from trainmedic.supervise.live_view import LiveView
 from trainmedic.supervise.output import TerminalMux
 from trainmedic.supervise.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
