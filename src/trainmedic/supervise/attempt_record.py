@@ -148,6 +148,23 @@ def _stop_data(s: StopReport | None) -> dict[str, Any]:
     }
 
 
+def job_start_event(attempt: Attempt, pid: int, t: float) -> RunEvent:
+    """The ``job_start`` event: the attempt's command line, checkpoint and timeout growth."""
+    number = attempt.number
+    return RunEvent(
+        t=t,
+        kind="job_start",
+        message=f"job started as pid {pid}" + (f" (attempt {number})" if number > 1 else ""),
+        pid=pid,
+        data={
+            "attempt": number,
+            "argv": list(attempt.argv),
+            "resume": None if attempt.resume is None else str(attempt.resume.path),
+            "timeout_growth": round(attempt.timeout.growth, 3),
+        },
+    )
+
+
 def hang_event(
     attempt: Attempt, verdict: Mapping[str, Any], directory: Path, run_dir: Path, pid: int
 ) -> RunEvent:

@@ -61,6 +61,7 @@ from trainmedic.supervise.attempt_record import (
     finding_for,
     hang_event,
     hang_evidence,
+    job_start_event,
     steps_reached,
     summarise,
     trained_s,
@@ -251,21 +252,7 @@ class AttemptLoop:
             self.watchdog.begin_attempt(timeout, 0)  # nothing to observe, nothing stale
             return attempt
         job = attempt.job
-        self._event(
-            RunEvent(
-                t=self._wall(),
-                kind="job_start",
-                message=f"job started as pid {job.pid}"
-                + (f" (attempt {number})" if number > 1 else ""),
-                pid=job.pid,
-                data={
-                    "attempt": number,
-                    "argv": list(argv),
-                    "resume": None if resume is None else str(resume.path),
-                    "timeout_growth": round(timeout.growth, 3),
-                },
-            )
-        )
+        self._event(job_start_event(attempt, job.pid, self._wall()))
         self._pumps = [
             OutputPump(
                 job.streams[fd],
