@@ -154,6 +154,9 @@ class Classification:
 
 @dataclass(frozen=True)
 class Base:
+    """What every classification of one attempt shares: its exit status and the
+    signal that ended it (from the status or a launcher's summary)."""
+
     exit_code: int | None
     signal: int | None
 
@@ -169,6 +172,9 @@ class Base:
         details: Mapping[str, Any] | None = None,
         gpu: GpuRef | None = None,
     ) -> Classification:
+        """A classification of this attempt; blank evidence lines are dropped, the
+        others cut to :data:`MAX_LINE_CHARS` and only the last
+        :data:`MAX_EVIDENCE_LINES` kept."""
         kept = tuple(line[:MAX_LINE_CHARS] for line in evidence_lines if line.strip())
         return Classification(
             failure_class=failure_class,

@@ -19,6 +19,7 @@ from trainmedic.resilience.errorfile import ErrorReport, is_user_code
 
 
 def clean(line: str) -> str:
+    """``line`` without ANSI colours, launcher prefixes (``[rank3]:``) and trailing space."""
     return PREFIX_RE.sub("", ANSI_RE.sub("", line)).rstrip()
 
 
