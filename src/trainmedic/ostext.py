@@ -13,6 +13,7 @@ the command line can never work (a name over the filesystem's limit).
 from __future__ import annotations
 
 import os
+import signal
 
 NAME_MAX = 255
 """Longest file name (one path component) of Linux filesystems, bytes."""
@@ -54,3 +55,11 @@ def path_problem(path: str | os.PathLike[str]) -> str | None:
     if longest > NAME_MAX:
         return f"a name in it is {longest} bytes long (the limit is {NAME_MAX}): file name too long"
     return None
+
+
+def signal_name(signum: int) -> str:
+    """A signal's name (``SIGKILL``), or ``signal N`` for a number without one."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

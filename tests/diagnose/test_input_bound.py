@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainmedic.diagnose import diagnose_run
-from trainmedic.diagnose.input_bound import input_bound, recommended_workers
+from trainmedic.diagnose.data_wait import recommended_workers
+from trainmedic.diagnose.input_bound import input_bound
 from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView

@@ -5,7 +5,8 @@ from __future__ import annotations
 from diagnose.canonical import CANONICAL
 from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.memory import FIX as MEMORY_FIX
-from trainmedic.resilience.classify import _FIXES, FailureClass
+from trainmedic.resilience.classify import FailureClass
+from trainmedic.resilience.classify.findings import FIXES
 
 
 def first(name: str, prefix: str) -> str:
@@ -29,10 +30,10 @@ def test_full_precision_names_the_mixed_precision_check() -> None:
 
 
 def test_memory_findings_and_oom_failures_name_micro_batching() -> None:
-    for fix in (MEMORY_FIX, _FIXES[FailureClass.CUDA_OOM]):
+    for fix in (MEMORY_FIX, FIXES[FailureClass.CUDA_OOM]):
         assert "trainmedic.MicroBatchStep(loss_fn, optimizer)" in fix
         assert "trainmedic tune batch-size MODULE:FACTORY" in fix
 
 
 def test_dataloader_worker_deaths_name_the_resilient_dataset() -> None:
-    assert "trainmedic.ResilientDataset(dataset)" in _FIXES[FailureClass.DATALOADER_WORKER_DIED]
+    assert "trainmedic.ResilientDataset(dataset)" in FIXES[FailureClass.DATALOADER_WORKER_DIED]

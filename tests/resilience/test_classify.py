@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trainmedic.findings.model import Category, Severity
+from trainmedic.gpu.types import normalize_pci_bus_id
 from trainmedic.resilience.classify import (
     FailureClass,
     FailureEvidence,
@@ -15,7 +16,6 @@ from trainmedic.resilience.classify import (
     GpuRef,
     classification_to_finding,
     classify_failure,
-    normalize_pci_bus_id,
 )
 from trainmedic.resilience.errorfile import ErrorReport
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from trainmedic.resilience.group import RankProgress, first_stopped
 from trainmedic.resilience.places import Place, PlaceKind, classify_place
-from trainmedic.resilience.silence import (
+from trainmedic.resilience.silence import classify_job, classify_process
+from trainmedic.resilience.silence_evidence import (
     JobEvidence,
     KernelView,
     ProcessEvidence,
     ProcessWindow,
     Silence,
     StackView,
-    classify_job,
-    classify_process,
 )
 
 BACKWARD = Place(

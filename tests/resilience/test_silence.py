@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trainmedic.resilience.places import Place
-from trainmedic.resilience.silence import (
-    KernelView,
-    ProcessWindow,
-    Silence,
-    StackView,
-    classify_job,
-    classify_process,
-    kernel_kind,
-)
+from trainmedic.resilience.silence import classify_job, classify_process, kernel_kind
+from trainmedic.resilience.silence_evidence import KernelView, ProcessWindow, Silence, StackView
 
 MIB = 2**20
 

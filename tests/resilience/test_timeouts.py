@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from trainmedic.errors import UsageError
-from trainmedic.resilience.silence import Silence
+from trainmedic.resilience.silence_evidence import Silence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig
 
 # ---------------------------------------------------------------- builders

@@ -15,10 +15,10 @@ from trainmedic.supervise.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
     Job,
-    SignalForwarder,
     exit_status,
     probe_environment,
 )
+from trainmedic.supervise.signals import SignalForwarder
 
 
 def read_all(fd: int) -> bytes:

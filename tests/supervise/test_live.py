@@ -6,13 +6,8 @@ import pytest
 
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
-from trainmedic.supervise.live import (
-    MIN_CERTAIN_STEPS,
-    LiveAggregate,
-    LiveView,
-    plain_line,
-    render_panel,
-)
+from trainmedic.supervise.live import MIN_CERTAIN_STEPS, LiveAggregate
+from trainmedic.supervise.live_view import LiveView, plain_line, render_panel
 
 GIB = 1024**3
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from trainmedic.channel.wire import Heartbeat, Hello
-from trainmedic.resilience.silence import Silence
+from trainmedic.resilience.silence_evidence import Silence
 from trainmedic.supervise import procview
 from trainmedic.supervise.liveness import SilenceObserver
 from trainmedic.supervise.processes import ProcessState

@@ -119,8 +119,8 @@ def test_costly_readings_are_spread_out_to_stay_within_the_budget() -> None:
 
 def test_roles_come_from_what_the_probes_said() -> None:
     from trainmedic.channel.wire import Heartbeat, Hello
+    from trainmedic.supervise.observers import _roles
     from trainmedic.supervise.processes import ProcessTable
-    from trainmedic.supervise.session import _roles
 
     table = ProcessTable()
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from trainmedic.channel.wire import Heartbeat, Hello, TorchInfo
 from trainmedic.record.types import LoaderInfo, RunEvent, StepRecord
-from trainmedic.resilience.silence import JobEvidence, Silence
+from trainmedic.resilience.silence_evidence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig
 from trainmedic.supervise.processes import ProcessTable
 from trainmedic.supervise.watchdog import Watchdog

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainmedic.diagnose.cpu_time import contended_intervals
-from trainmedic.diagnose.input_bound import input_cause, is_input_bound, others_crowd
+from trainmedic.diagnose.data_wait import is_input_bound
+from trainmedic.diagnose.input_causes import input_cause, others_crowd
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import Interval, RunView, sample_intervals
 from trainmedic.findings.model import Category, Finding, Severity

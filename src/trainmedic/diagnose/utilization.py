@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainmedic.diagnose.input_bound import is_input_bound
+from trainmedic.diagnose.data_wait import is_input_bound
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainmedic.resilience.silence import JobEvidence, ProcessEvidence, Silence
+from trainmedic.resilience.silence_evidence import JobEvidence, ProcessEvidence, Silence
 
 STEP_SKEW_S = 0.5
 """Last steps closer together than this (seconds) tell no order: ranks in lockstep

@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from trainmedic.errors import UsageError
-from trainmedic.resilience.silence import Silence
+from trainmedic.resilience.silence_evidence import Silence
 
 TRAIN_PHASE = "train"
 

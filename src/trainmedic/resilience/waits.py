@@ -1,6 +1,6 @@
 """How long to wait before the next attempt: the wait strategies of the restart policy.
 
-Strategies return seconds for a :class:`~trainmedic.resilience.policy.RestartState`
+Strategies return seconds for a :class:`~trainmedic.resilience.restart_state.RestartState`
 and add up with ``+``. The default (:func:`default_wait`) restarts a job that
 just failed at once — a restart that waits helps nobody when the fault was
 the job's own (a hang, a crash) — and backs off only when failures repeat
@@ -30,7 +30,7 @@ from trainmedic.resilience.classify import Classification, FailureClass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from trainmedic.resilience.policy import RestartState
+    from trainmedic.resilience.restart_state import RestartState
 
 FIRST_JITTER_S = 0.5
 """Largest jitter of an immediate restart: it still starts within a second."""

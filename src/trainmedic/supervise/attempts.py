@@ -17,83 +17,75 @@ Observe -> decide -> act, once per attempt:
    classify, stop or restart, wait, remedies;
 5. **record** the attempt as an ``attempt_end`` event
    (:class:`~trainmedic.resilience.incidents.AttemptSummary`) and in
-   ``attempts/<n>/attempt.json``; tell the person on stderr;
+   ``attempts/<n>/attempt.json`` (:mod:`.attempt_record`); tell the person
+   on stderr;
 6. **act**: wait for the GPUs to let go of the old processes' memory
    (bounded), back off (interruptible), and start the next attempt.
 
 Per-attempt files go to ``<run dir>/attempts/<n>/`` (stacks of a hang, the
 error files of the attempt's processes, ``attempt.json``); the run record
-itself (steps, samples, events, logs) spans all attempts.
+itself (steps, samples, events, logs) spans all attempts. What the loop is
+given and returns (options, output plumbing, stop requests) is in
+:mod:`.attempt_setup`; where a later attempt resumes, in :mod:`.resume`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import random
 import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import psutil
 
 from trainmedic.checkpoint import CHECKPOINT_DIR_ENV
-from trainmedic.findings.model import Finding
+from trainmedic.ostext import signal_name
 from trainmedic.probe.forensics import STACKS_ENV
-from trainmedic.record.guard import RecordGuard
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import (
     Classification,
     FailureClass,
     FailureEvidence,
-    classification_to_finding,
     classify_failure,
 )
-from trainmedic.resilience.errorfile import ErrorReport
-from trainmedic.resilience.group import StoppedRank, first_stopped
-from trainmedic.resilience.incidents import (
-    HANG_DETECTED,
-    REMEDY,
-    AttemptSummary,
-    attempt_event,
-)
-from trainmedic.resilience.policy import (
-    DEFAULT_MAX_RESTARTS,
-    AttemptRecord,
-    Decision,
-    RestartPolicy,
-    RestartState,
-    default_policy,
-)
-from trainmedic.resilience.silence import JobEvidence
-from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig, TimeoutVerdict
+from trainmedic.resilience.group import first_stopped
+from trainmedic.resilience.incidents import REMEDY, AttemptSummary, attempt_event
+from trainmedic.resilience.policy import AttemptRecord, Decision, RestartState
+from trainmedic.resilience.timeouts import StepTimeout, TimeoutVerdict
 from trainmedic.supervise import evidence
-from trainmedic.supervise.forensics import HangForensics, capture_hang, find_py_spy
-from trainmedic.supervise.keeper import OutputKeeper
+from trainmedic.supervise.attempt_record import (
+    ATTEMPT_FILE,
+    ATTEMPTS_DIR,
+    STACKS_FILE,
+    Attempt,
+    finding_for,
+    hang_event,
+    hang_evidence,
+    job_start_event,
+    steps_reached,
+    summarise,
+    trained_s,
+    verdict_data,
+    write_attempt_file,
+)
+from trainmedic.supervise.attempt_setup import (
+    AttemptIO,
+    CurrentJob,
+    LoopResult,
+    StopRequests,
+)
+from trainmedic.supervise.attempt_setup import ResilienceOptions as ResilienceOptions
+from trainmedic.supervise.forensics import capture_hang, find_py_spy
 from trainmedic.supervise.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
     Job,
-    SignalForwarder,
-    describe_signal,
 )
-from trainmedic.supervise.output import OutputPump, TerminalMux
-from trainmedic.supervise.resume import (
-    ResumePoint,
-    checkpoint_dir,
-    newest_checkpoint,
-    resume_arguments,
-)
-from trainmedic.supervise.stop import StopReport, stop_job
+from trainmedic.supervise.output import OutputPump
+from trainmedic.supervise.resume import checkpoint_dir, plan_resume
+from trainmedic.supervise.stop import stop_job
 from trainmedic.supervise.watchdog import AttemptObservations, Watchdog
 
-ATTEMPTS_DIR = "attempts"
-ATTEMPT_FILE = "attempt.json"
 ATTEMPT_ENV = "TRAINMEDIC_ATTEMPT"
 """The attempt number (1, 2, ...), for scripts that want to know."""
 POLL_S = 0.25
@@ -101,134 +93,6 @@ POLL_S = 0.25
 OUTPUT_DRAIN_S = 1.0
 LEFTOVER_GRACE_S = 3.0
 PROBE_DRAIN_S = 2.0
-
-
-@dataclass(frozen=True)
-class ResilienceOptions:
-    """How ``trainmedic run`` keeps a job alive (the ``run`` command's options).
-
-    Attributes:
-        max_restarts: ``--max-restarts``: failures in a row without progress.
-        max_total_restarts: ``--max-total-restarts``: restarts in all (``None``: no cap).
-        time_budget_s: ``--time-budget``: no restart once the run used this long.
-        timeout: the step timeout's settings (``--timeout``, ``--startup-timeout``,
-            ``--timeout-floor``).
-        explicit_timeout: the user set ``--startup-timeout``, so the watchdog is
-            armed even when the probe sees no torch and no steps.
-        grace_s: ``--grace``: SIGTERM to SIGKILL, for a hang and for a stop request.
-        backoff_s: ``--backoff``: the first restart's wait (doubling after).
-        resume_args: ``--resume-args`` parsed (placeholders ``{checkpoint}``, ``{step}``).
-        checkpoint_glob: ``--checkpoint-glob``: the script's own checkpoint files.
-        retry_on_exception: restart after a Python exception (a bug) too.
-        gpu_release_s: longest wait for GPU memory to be released before a restart.
-        seed: seed of the backoff jitter (``None``: random).
-    """
-
-    max_restarts: int = DEFAULT_MAX_RESTARTS
-    max_total_restarts: int | None = None
-    time_budget_s: float | None = None
-    timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
-    explicit_timeout: bool = False
-    grace_s: float = 10.0
-    backoff_s: float = 5.0
-    resume_args: tuple[str, ...] | None = None
-    checkpoint_glob: str | None = None
-    retry_on_exception: bool = False
-    gpu_release_s: float = 30.0
-    seed: int | None = None
-
-    def policy(self, sleep: Callable[[float], None]) -> RestartPolicy:
-        return default_policy(
-            max_restarts=self.max_restarts,
-            max_total_s=self.time_budget_s,
-            sleep=sleep,
-            rng=random.Random(self.seed),
-            retry_on_exception=self.retry_on_exception,
-            backoff_s=self.backoff_s,
-            max_total_restarts=self.max_total_restarts,
-        )
-
-
-@dataclass
-class StopRequests(SignalForwarder):
-    """The session's signal forwarder, plus what the restart loop must know: a
-    stop was asked for (Ctrl-C, SIGTERM, SIGHUP) — so no restart follows, a
-    backoff ends at once, and SIGTERM starts the grace period."""
-
-    requested: int | None = None
-    requested_at: float | None = None
-    wake: threading.Event = field(default_factory=threading.Event)
-
-    def handle(self, signum: int) -> None:
-        if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and self.requested is None:
-            self.requested = signum
-            self.requested_at = time.monotonic()
-            self.wake.set()
-        super().handle(signum)
-
-
-class CurrentJob:
-    """The running attempt's job, for observers that outlive an attempt (the host sampler)."""
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.pid = job.pid  # the first attempt's: cgroup and affinity do not change
-
-    def descendants(self) -> list[psutil.Process]:
-        return self.job.descendants()
-
-
-@dataclass(frozen=True)
-class LoopResult:
-    """How the attempts ended.
-
-    Attributes:
-        returncode: the last attempt's return code (negative: signal).
-        ended_at: Unix time the last attempt's job ended.
-        attempts: every attempt, in order.
-        leftovers: pids of processes the attempts left running, stopped.
-    """
-
-    returncode: int
-    ended_at: float
-    attempts: tuple[AttemptSummary, ...]
-    leftovers: tuple[int, ...]
-
-
-@dataclass
-class AttemptIO:
-    """Where the job's bytes go; shared by every attempt."""
-
-    stdout_fd: int
-    stderr_fd: int
-    merged: bool
-    mux: TerminalMux
-    logs: tuple[tuple[int, str], ...]
-    """(our fd, log file name) per stream; the last one holds stderr."""
-    record_guard: RecordGuard | None = None
-    """Stops the logs and attempt files (not the job) when the run directory stops taking writes."""
-    keeper: OutputKeeper | None = None
-    """Holds a copy of each stream, for a supervisor that gets killed."""
-
-
-@dataclass
-class _Attempt:
-    number: int
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    timeout: StepTimeout
-    resume: ResumePoint | None
-    started_wall: float
-    started_mono: float
-    job: Job | None = None
-    launch_error: str | None = None
-    hang: HangForensics | None = None
-    verdict: TimeoutVerdict | None = None
-    evidence: JobEvidence | None = None
-    detected_wall: float | None = None
-    first_stopped: StoppedRank | None = None
-    stop: StopReport | None = None
-    stopped_by_us: bool = False
 
 
 class AttemptLoop:
@@ -309,14 +173,14 @@ class AttemptLoop:
             leftovers += stray
             obs = self.watchdog.end_attempt()
             c = classify_failure(self._evidence(attempt, returncode, obs))
-            steps_reached = _steps_reached(number, obs, attempt.resume)
+            reached = steps_reached(number, obs, attempt.resume)
             record = AttemptRecord(
                 number=number,
                 classification=c,
                 duration_s=self._clock() - attempt.started_mono,
-                steps_reached=steps_reached,
+                steps_reached=reached,
                 remedies=applied,
-                trained_s=_trained_s(obs),
+                trained_s=trained_s(obs),
             )
             state = dataclasses.replace(
                 state.with_attempt(record, self._clock()),
@@ -341,22 +205,18 @@ class AttemptLoop:
 
     # --- one attempt ---------------------------------------------------------------------------
 
-    def _begin(self, number: int, env: dict[str, str], previous: StepTimeout | None) -> _Attempt:
+    def _begin(self, number: int, env: dict[str, str], previous: StepTimeout | None) -> Attempt:
         attempt_dir = self._attempt_dir(number)
-        resume = None
-        argv = self.argv
-        if number > 1 and (self.options.resume_args or self.options.checkpoint_glob):
-            resume = newest_checkpoint(self._checkpoints, self.options.checkpoint_glob, self.cwd)
-            if self.options.resume_args and resume is not None:
-                argv = (*argv, *resume_arguments(self.options.resume_args, resume))
-                step = "" if resume.step is None else f" (step {resume.step})"
-                self._notice(f"attempt {number} resumes from {resume.path}{step}")
-            elif self.options.resume_args:
-                self._notice(f"attempt {number}: no checkpoint yet, starting from the beginning")
+        o = self.options
+        argv, resume, notice = plan_resume(
+            number, self.argv, o.resume_args, o.checkpoint_glob, self._checkpoints, self.cwd
+        )
+        if notice is not None:
+            self._notice(notice)
         job_env = {
             **env,
             ATTEMPT_ENV: str(number),
-            STACKS_ENV: str((attempt_dir / "stacks.txt").resolve()),
+            STACKS_ENV: str((attempt_dir / STACKS_FILE).resolve()),
         }
         started_wall, started_mono = self._wall(), self._clock()
         timeout = (
@@ -364,7 +224,7 @@ class AttemptLoop:
             if previous is None
             else previous.for_next_attempt(started_mono)
         )
-        attempt = _Attempt(
+        attempt = Attempt(
             number=number,
             argv=argv,
             env=job_env,
@@ -392,21 +252,7 @@ class AttemptLoop:
             self.watchdog.begin_attempt(timeout, 0)  # nothing to observe, nothing stale
             return attempt
         job = attempt.job
-        self._event(
-            RunEvent(
-                t=self._wall(),
-                kind="job_start",
-                message=f"job started as pid {job.pid}"
-                + (f" (attempt {number})" if number > 1 else ""),
-                pid=job.pid,
-                data={
-                    "attempt": number,
-                    "argv": list(argv),
-                    "resume": None if resume is None else str(resume.path),
-                    "timeout_growth": round(timeout.growth, 3),
-                },
-            )
-        )
+        self._event(job_start_event(attempt, job.pid, self._wall()))
         self._pumps = [
             OutputPump(
                 job.streams[fd],
@@ -429,7 +275,7 @@ class AttemptLoop:
         self.watchdog.begin_attempt(timeout, job.pid, explicit=self.options.explicit_timeout)
         return attempt
 
-    def _watch(self, attempt: _Attempt) -> None:
+    def _watch(self, attempt: Attempt) -> None:
         job = attempt.job
         if job is None:
             return
@@ -457,7 +303,7 @@ class AttemptLoop:
                 self._hang(attempt, verdict)
                 return
 
-    def _hang(self, attempt: _Attempt, verdict: TimeoutVerdict) -> None:
+    def _hang(self, attempt: Attempt, verdict: TimeoutVerdict) -> None:
         job = attempt.job
         assert job is not None
         attempt.verdict = verdict
@@ -477,42 +323,26 @@ class AttemptLoop:
             f"attempt {attempt.number} is hung: {verdict.reason}{why}{group}; taking stacks "
             "of every process, then stopping the whole job"
         )
-        verdict_data = _verdict_data(verdict, attempt.evidence)
+        verdict_info = verdict_data(verdict, attempt.evidence)
         if stopped is not None:
-            verdict_data["first_stopped"] = stopped.to_data()
+            verdict_info["first_stopped"] = stopped.to_data()
         attempt.hang = capture_hang(
             directory,
             self.watchdog.job_processes(),
             lead_pid=self.watchdog.focus_pid(),
-            verdict=verdict_data,
+            verdict=verdict_info,
             last_steps=self.watchdog.last_steps(),
             gpu=self.watchdog.gpu_readings(),
             py_spy=self._py_spy,
         )
         self._notice(f"{attempt.hang.summary} (stacks in {directory})")
-        self._event(
-            RunEvent(
-                t=attempt.detected_wall,
-                kind=HANG_DETECTED,
-                message=f"attempt {attempt.number} {attempt.hang.summary}",
-                pid=job.pid,
-                data={
-                    "attempt": attempt.number,
-                    **verdict_data,
-                    "location": attempt.hang.location,
-                    "directory": str(directory.relative_to(self.run_dir)),
-                    "files": list(attempt.hang.files),
-                    "notes": list(attempt.hang.notes),
-                    "forensics_s": round(attempt.hang.took_s, 3),
-                },
-            )
-        )
+        self._event(hang_event(attempt, verdict_info, directory, self.run_dir, job.pid))
         attempt.stopped_by_us = True
         attempt.stop = stop_job(job, self.options.grace_s)
         if attempt.stop.survivors:
             self._notice(f"processes survived SIGKILL: {list(attempt.stop.survivors)}")
 
-    def _wind_down(self, attempt: _Attempt) -> tuple[int, float, list[int]]:
+    def _wind_down(self, attempt: Attempt) -> tuple[int, float, list[int]]:
         """Drain output, stop leftovers, read the probes' last messages."""
         job = attempt.job
         if job is None:
@@ -539,7 +369,7 @@ class AttemptLoop:
     # --- evidence, decision, record -------------------------------------------------------------
 
     def _evidence(
-        self, attempt: _Attempt, returncode: int, obs: AttemptObservations
+        self, attempt: Attempt, returncode: int, obs: AttemptObservations
     ) -> FailureEvidence:
         directory = self._attempt_dir(attempt.number)
         reports = evidence.collect_error_reports(self.run_dir, directory)
@@ -555,7 +385,7 @@ class AttemptLoop:
             oom_kill_delta=evidence.oom_kill_delta(self._oom_before, self._oom.read()),
             hang_declared=attempt.hang is not None,
             hang_location=attempt.hang.location if attempt.hang is not None else None,
-            **_hang_evidence(attempt),
+            **hang_evidence(attempt),
             kernel_log=evidence.read_kernel_log(attempt.started_mono) if failed else (),
             terminated_by_supervisor=attempt.stopped_by_us,
             job_pids=obs.pids,
@@ -568,13 +398,13 @@ class AttemptLoop:
 
     def _decide(self, state: RestartState, c: Classification) -> Decision:
         if self.stops.requested is not None and c.failure_class is not FailureClass.SUCCESS:
-            name = describe_signal(self.stops.requested)
+            name = signal_name(self.stops.requested)
             return Decision(False, 0.0, f"not restarting: trainmedic received {name}")
         return self.policy.decide(state, c)
 
     def _record(
         self,
-        attempt: _Attempt,
+        attempt: Attempt,
         c: Classification,
         decision: Decision,
         obs: AttemptObservations,
@@ -582,27 +412,12 @@ class AttemptLoop:
         ended_wall: float,
     ) -> AttemptSummary:
         n = attempt.number
-        success = c.failure_class is FailureClass.SUCCESS
+        directory = self._attempt_dir(n)
         finding = None
-        if not success:
-            finding = _with_detail(
-                classification_to_finding(c, attempt=n, action=decision.reason),
-                c,
-                attempt,
-                self._attempt_dir(n),
-                self.run_dir,
-            )
+        if c.failure_class is not FailureClass.SUCCESS:
+            finding = finding_for(c, attempt, decision.reason, directory, self.run_dir)
             self._notice(f"attempt {n} ended: {c.failure_class.value} — {c.why}")
             self._notice(decision.reason)
-        remedies = [
-            {
-                "name": r.name,
-                "reason": r.reason,
-                "set_env": dict(r.set_env),
-                "unset_env": list(r.unset_env),
-            }
-            for r in decision.remedies
-        ]
         if decision.restart:
             for r in decision.remedies:
                 self._notice(r.log_line)
@@ -614,67 +429,19 @@ class AttemptLoop:
                         data={"attempt": n + 1, "name": r.name, "set_env": dict(r.set_env)},
                     )
                 )
-        resume_step = obs.resume_step
-        if resume_step is None and attempt.resume is not None:
-            resume_step = attempt.resume.step
-        hang = None
-        if attempt.hang is not None and attempt.verdict is not None:
-            hang = {
-                "summary": attempt.hang.summary,
-                "location": attempt.hang.location,
-                "directory": str(self._attempt_dir(n).relative_to(self.run_dir)),
-                "files": list(attempt.hang.files),
-                "bound_s": round(attempt.verdict.bound_s, 3),
-                "basis": attempt.verdict.basis,
-                "detected_after_s": round(attempt.verdict.quiet_s, 3),
-                "reason": attempt.verdict.reason,
-                **{k.removeprefix("hang_"): v for k, v in _hang_evidence(attempt).items()},
-            }
-            if attempt.first_stopped is not None:
-                hang["first_stopped"] = attempt.first_stopped.to_data()
-        stop = {}
-        if attempt.stop is not None:
-            s = attempt.stop
-            stop = {
-                "took_s": round(s.took_s, 3),
-                "terminated": list(s.terminated),
-                "killed": list(s.killed),
-                "survivors": list(s.survivors),
-            }
-        summary = AttemptSummary(
-            number=n,
-            started_at=attempt.started_wall,
-            ended_at=max(ended_wall, attempt.started_wall),
-            failure_class=c.failure_class.value,
-            category=c.category.value,
-            why=c.why,
-            action=decision.reason,
-            restarted=decision.restart,
-            exit_code=None if attempt.job is None else returncode,
-            finding=None if finding is None else finding.to_dict(),
-            wait_s=round(decision.wait_s, 3),
-            remedies=tuple(remedies),
-            steps=obs.steps,
-            resume_step=resume_step,
-            first_step_start=obs.first_step_start,
-            last_step_end=obs.last_step_end,
-            hang_started_at=None
-            if attempt.verdict is None or attempt.detected_wall is None
-            else attempt.detected_wall - attempt.verdict.quiet_s,
-            detected_at=attempt.detected_wall,
-            hang=hang,
-            resumed_from=None if attempt.resume is None else str(attempt.resume.path),
-            stop=stop,
+        summary = summarise(
+            attempt,
+            c,
+            decision,
+            obs,
+            returncode,
+            ended_wall,
+            finding=finding,
+            directory=directory,
+            run_dir=self.run_dir,
         )
         self._event(attempt_event(summary, self._wall()))
-        stacks = self._attempt_dir(n) / "stacks.txt"
-
-        def write_files() -> None:
-            if stacks.exists() and stacks.stat().st_size == 0:
-                stacks.unlink()  # no process was asked for its stacks
-            _write_private_json(self._attempt_dir(n) / ATTEMPT_FILE, summary.to_data())
-
-        self._guarded(ATTEMPT_FILE, write_files)
+        self._guarded(ATTEMPT_FILE, lambda: write_attempt_file(directory, summary))
         return summary
 
     # --- acting between attempts ---------------------------------------------------------------
@@ -729,103 +496,3 @@ class AttemptLoop:
 
     def _notice(self, text: str) -> None:
         self.io.mux.notice(text)
-
-
-# --- pure helpers ---------------------------------------------------------------------------------
-
-
-def _steps_reached(number: int, obs: AttemptObservations, resume: ResumePoint | None) -> int | None:
-    """The furthest step of the run the attempt reached (see ``AttemptRecord``);
-    ``None`` when a later attempt's starting step is unknown (its own count of
-    steps says nothing about how far the run got)."""
-    start = obs.resume_step
-    if start is None and resume is not None:
-        start = resume.step
-    if start is None and number == 1:
-        start = 0
-    if start is None:
-        return None
-    return obs.steps + start
-
-
-def _verdict_data(v: TimeoutVerdict, evidence: JobEvidence | None) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "reason": v.reason,
-        "basis": v.basis,
-        "bound_s": round(v.bound_s, 3),
-        "silent_s": round(v.silent_s, 3),
-        "quiet_s": round(v.quiet_s, 3),
-        "extended": v.extended,
-        "silence": v.silence,
-    }
-    if evidence is not None:
-        data["evidence"] = evidence.to_data()
-    return data
-
-
-def _hang_evidence(attempt: _Attempt) -> dict[str, Any]:
-    """The hang's class, source and deciding evidence (:class:`FailureEvidence` fields)."""
-    if attempt.verdict is None:
-        return {}
-    e = attempt.evidence
-    silence = attempt.verdict.silence
-    return {
-        "hang_silence": silence,
-        "hang_source": e.source if e is not None and silence == e.silence.value else None,
-        "hang_evidence": e.why if e is not None and silence == e.silence.value else None,
-    }
-
-
-def _trained_s(obs: AttemptObservations) -> float | None:
-    if obs.first_step_start is None or obs.last_step_end is None:
-        return None
-    return max(0.0, obs.last_step_end - obs.first_step_start)
-
-
-def _with_detail(
-    finding: Finding, c: Classification, attempt: _Attempt, directory: Path, run_dir: Path
-) -> Finding:
-    """Add what a person needs to act: the traceback of a bug, the stacks of a hang."""
-    rel = directory.relative_to(run_dir)
-    evidence = dict(finding.evidence)
-    detail = finding.detail
-    if attempt.hang is not None:
-        evidence["hang_summary"] = attempt.hang.summary
-        evidence["forensics"] = [str(rel / f) for f in attempt.hang.files]
-        notes = "; ".join(attempt.hang.notes)
-        detail = attempt.hang.summary + (f" ({notes})" if notes else "")
-        stopped = attempt.first_stopped
-        if stopped is not None:
-            # A distributed job hangs as a group: the rank the others wait on.
-            evidence["rank"] = stopped.rank
-            evidence["first_stopped"] = stopped.to_data()
-            detail += (
-                f"; the group waited on rank {stopped.rank} (pid {stopped.pid}), which "
-                f"stopped first: {stopped.why}"
-            )
-    else:
-        trace = _traceback(c, attempt, directory)
-        if trace:
-            detail = trace
-    return dataclasses.replace(finding, evidence=evidence, detail=detail)
-
-
-def _traceback(c: Classification, attempt: _Attempt, directory: Path) -> str | None:
-    """The root error file's traceback (last 40 lines), for exceptions."""
-    from trainmedic.resilience.errorfile import read_error_reports
-
-    reports: list[ErrorReport] = read_error_reports(directory / "errors")
-    if not reports:
-        return None
-    pid = c.details.get("pid")
-    chosen = next((r for r in reports if r.pid == pid), reports[0])
-    if not chosen.traceback:
-        return None
-    return "\n".join(chosen.traceback.rstrip().splitlines()[-40:])
-
-
-def _write_private_json(path: Path, data: Mapping[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(dict(data), f, indent=1, default=repr)
-        f.write("\n")

@@ -13,12 +13,8 @@ import traceback
 from collections.abc import Callable
 
 from trainmedic.record.types import RunEvent
-from trainmedic.supervise.attempts import (
-    LEFTOVER_GRACE_S,
-    OUTPUT_DRAIN_S,
-    AttemptLoop,
-    LoopResult,
-)
+from trainmedic.supervise.attempt_setup import LoopResult
+from trainmedic.supervise.attempts import LEFTOVER_GRACE_S, OUTPUT_DRAIN_S, AttemptLoop
 
 SUPERVISOR_ERROR = "supervisor_error"
 """Event kind of a supervisor bug that stopped the supervision of a running job."""

@@ -2,8 +2,8 @@
 
 The child runs in a new session (its own process group), so the terminal's
 Ctrl-C reaches trainmedic only and trainmedic decides what the job gets
-(:class:`SignalForwarder`). Its stdout and stderr are pseudo-terminals when
-ours are terminals (so the job buffers, colours and draws progress bars as it
+(:mod:`trainmedic.supervise.signals`). Its stdout and stderr are
+pseudo-terminals when ours are terminals (so the job buffers, colours and draws progress bars as it
 would without trainmedic) and pipes otherwise. When our stdout and stderr go
 to the same place (one terminal, or ``> log 2>&1``), the job gets a single
 channel for both, so their interleaving stays exactly as the job wrote it.
@@ -24,13 +24,12 @@ import os
 import secrets
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -340,7 +339,7 @@ class Job:
                 with contextlib.suppress(psutil.Error):
                     for p in child.children(recursive=True):
                         found.setdefault(p.pid, p)
-        return [p for p in found.values() if _alive(p)]
+        return [p for p in found.values() if is_alive(p)]
 
     def _is_member(self, proc: psutil.Process) -> bool:
         """Whether a child of trainmedic's that is not the leader belongs to the job."""
@@ -402,101 +401,9 @@ class Job:
         return [p.pid for p in left]
 
 
-def _alive(p: psutil.Process) -> bool:
+def is_alive(p: psutil.Process) -> bool:
+    """Whether ``p`` still runs (a zombie does not count)."""
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def describe_signal(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-@dataclass
-class SignalForwarder:
-    """What trainmedic does with the signals it receives while the job runs.
-
-    Ctrl-C (SIGINT) goes to the job's process group, as the terminal would have
-    sent it; a second one escalates to SIGTERM and a third to SIGKILL. SIGTERM
-    is forwarded, and a second one kills. SIGHUP and SIGQUIT are forwarded as
-    they are. ``notify`` is told, in one line, about each escalation.
-    """
-
-    job: Job | None
-    notify: Callable[[str], None]
-    interrupts: int = 0
-    terminations: int = 0
-    pending: list[int] = field(default_factory=list)
-
-    def attach(self, job: Job) -> None:
-        """The job exists now: deliver what arrived while it was starting."""
-        self.job = job
-        pending, self.pending = self.pending, []
-        for signum in pending:
-            self.handle(signum)
-
-    def resize(self, like_fd: int) -> None:
-        if self.job is not None:
-            self.job.resize(like_fd)
-
-    def handle(self, signum: int) -> None:
-        if self.job is None:
-            self.pending.append(signum)
-            return
-        if signum == signal.SIGINT:
-            self.interrupts += 1
-            if self.interrupts == 1:
-                self.job.signal_group(signal.SIGINT)
-            elif self.interrupts == 2:
-                self.notify("second Ctrl-C: sending SIGTERM to the job (Ctrl-C again kills it)")
-                self.job.signal_group(signal.SIGTERM)
-            else:
-                self.notify("killing the job (SIGKILL)")
-                self.job.signal_group(signal.SIGKILL)
-        elif signum == signal.SIGTERM:
-            self.terminations += 1
-            if self.terminations == 1:
-                self.job.signal_group(signal.SIGTERM)
-            else:
-                self.notify("second SIGTERM: killing the job (SIGKILL)")
-                self.job.signal_group(signal.SIGKILL)
-        else:
-            self.job.signal_group(signum)
-
-
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-@contextlib.contextmanager
-def forwarding_signals(
-    forwarder: SignalForwarder, on_resize: Callable[[], None] | None = None
-) -> Iterator[SignalForwarder]:
-    """Install the forwarder (and a SIGWINCH handler) for the block; restore after."""
-    previous: dict[int, object] = {}
-
-    def handler(signum: int, _frame: object) -> None:
-        forwarder.handle(signum)
-
-    def winch(_signum: int, _frame: object) -> None:
-        if on_resize is not None:
-            on_resize()
-
-    try:
-        for sig in FORWARDED_SIGNALS:
-            previous[sig] = signal.signal(sig, handler)
-        if on_resize is not None:
-            previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, winch)
-        yield forwarder
-    finally:
-        for number, old in previous.items():
-            with contextlib.suppress(ValueError, TypeError, OSError):
-                signal.signal(number, old)  # type: ignore[arg-type]
-
-
-def pack_winsize(rows: int, cols: int) -> bytes:
-    """A ``struct winsize`` (for tests that size a pty)."""
-    return struct.pack("HHHH", rows, cols, 0, 0)

@@ -38,13 +38,8 @@ import psutil
 
 from trainmedic.gpu.types import GpuSample
 from trainmedic.resilience.places import Place, PlaceKind, classify_place
-from trainmedic.resilience.silence import (
-    JobEvidence,
-    KernelView,
-    ProcessWindow,
-    StackView,
-    classify_job,
-)
+from trainmedic.resilience.silence import classify_job
+from trainmedic.resilience.silence_evidence import JobEvidence, KernelView, ProcessWindow, StackView
 from trainmedic.supervise import procview
 from trainmedic.supervise.processes import ProcessState
 

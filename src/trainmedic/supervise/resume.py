@@ -119,6 +119,32 @@ def newest_checkpoint(
     return newest_checkpointer_checkpoint(directory)
 
 
+def plan_resume(
+    number: int,
+    argv: tuple[str, ...],
+    resume_args: tuple[str, ...] | None,
+    checkpoint_glob: str | None,
+    checkpoints: Path,
+    cwd: str | None,
+) -> tuple[tuple[str, ...], ResumePoint | None, str | None]:
+    """Attempt ``number``'s command line, the checkpoint it resumes from and the
+    line to tell the person (``None``: nothing to tell).
+
+    The first attempt starts from the beginning; a later one from the newest
+    valid checkpoint, whose path and step fill ``resume_args``'s placeholders.
+    """
+    if number == 1 or not (resume_args or checkpoint_glob):
+        return argv, None, None
+    resume = newest_checkpoint(checkpoints, checkpoint_glob, cwd)
+    if not resume_args:
+        return argv, resume, None
+    if resume is None:
+        return argv, None, f"attempt {number}: no checkpoint yet, starting from the beginning"
+    step = "" if resume.step is None else f" (step {resume.step})"
+    notice = f"attempt {number} resumes from {resume.path}{step}"
+    return (*argv, *resume_arguments(resume_args, resume)), resume, notice
+
+
 def newest_checkpointer_checkpoint(directory: Path) -> ResumePoint | None:
     """The newest committed Checkpointer checkpoint whose data file matches its
     manifest (size and SHA-256); older ones are tried when the newest does not."""

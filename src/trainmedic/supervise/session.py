@@ -7,7 +7,9 @@ view; signals become decisions of the :class:`SignalForwarder`; when the job
 ends, the session winds everything down in an order that loses nothing
 (output drained, leftovers stopped, probes' last messages read, record
 closed) and returns a :class:`RunOutcome`. Diagnosis and reports are the
-caller's (the ``run`` command).
+caller's (the ``run`` command). The samplers, live view and host facts are
+in :mod:`.observers`; what the record keeps about the machine, in
+:mod:`.run_facts`.
 """
 
 from __future__ import annotations
@@ -17,55 +19,50 @@ import dataclasses
 import os
 import secrets
 import shutil
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from trainmedic import __version__
 from trainmedic.channel.server import ChannelServer
-from trainmedic.doctor.facts import GpuFacts, MachineFacts
+from trainmedic.doctor.facts import MachineFacts
 from trainmedic.errors import RunDirectoryError
-from trainmedic.framework.torch_build import TorchBuild, parse_cuda_version, read_torch_build
 from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none
-from trainmedic.gpu.types import GpuSample
-from trainmedic.host.types import HostFacts
 from trainmedic.ostext import printable
-from trainmedic.probe import env as probe_env
 from trainmedic.record.guard import RecordGuard, RecordLoss, WriteFn
 from trainmedic.record.store import META_FILE, RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
 from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.simulation import Simulation, load_simulation
-from trainmedic.supervise.attempts import (
+from trainmedic.supervise.attempt_setup import (
     AttemptIO,
-    AttemptLoop,
     CurrentJob,
+    LoopResult,
     ResilienceOptions,
     StopRequests,
 )
-from trainmedic.supervise.census import ProcessCensus
+from trainmedic.supervise.attempts import AttemptLoop
 from trainmedic.supervise.fallback import run_on_unsupervised
 from trainmedic.supervise.keeper import OutputKeeper
 from trainmedic.supervise.launcher import (
     become_subreaper,
     exit_status,
-    forwarding_signals,
     probe_environment,
     same_destination,
 )
-from trainmedic.supervise.live import LiveAggregate, LiveView
+from trainmedic.supervise.live import LiveAggregate
 from trainmedic.supervise.metrics import MetricsState
+from trainmedic.supervise.observers import Observers
 from trainmedic.supervise.output import TerminalMux
 from trainmedic.supervise.processes import MessageRouter, ProcessTable
+from trainmedic.supervise.run_facts import bootstrap_errors, environment, machine_facts
 from trainmedic.supervise.rundir import command_name
-from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
-from trainmedic.supervise.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
+from trainmedic.supervise.samplers import SamplerThread
+from trainmedic.supervise.signals import forwarding_signals
 from trainmedic.supervise.watchdog import Watchdog
-from trainmedic.supervise.xid_watch import XidWatcher
 
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
@@ -122,132 +119,6 @@ class RunOutcome:
     record_loss: RecordLoss | None = None
 
 
-class _FactsGatherer(threading.Thread):
-    """Reads the host once in the background while the job starts."""
-
-    def __init__(self, simulation: Simulation | None) -> None:
-        super().__init__(name="trainmedic-facts", daemon=True)
-        self._simulation = simulation
-        self.host: HostFacts | None = None
-        self.error: str | None = None
-
-    def run(self) -> None:
-        if self._simulation is not None and self._simulation.host is not None:
-            self.host = self._simulation.host
-            return
-        try:
-            from trainmedic.host.gather import gather_host_facts
-
-            self.host = gather_host_facts()
-        except Exception as exc:  # facts only refine diagnosis; the run goes on
-            self.error = f"{type(exc).__name__}: {exc}"
-
-
-class _Observers:
-    """What watches the job besides the channel: samplers, the live view, the host facts.
-
-    Each is optional: one that fails to start becomes an event, and the run
-    goes on without it (the job is already running and must stay supervised).
-    """
-
-    def __init__(
-        self,
-        session: RunSession,
-        job: CurrentJob,
-        backend: GpuBackend,
-        simulation: Simulation | None,
-        router: MessageRouter,
-        aggregate: LiveAggregate,
-        mux: TerminalMux,
-        mode: str,
-    ) -> None:
-        self._wall = session.wall
-        self._router = router
-        self.first_gpu: dict[int, GpuSample] = {}
-        self.gpu_period_s: float | None = None
-        self._gpu: GpuSampler | None = None
-        self._xids: XidWatcher | None = None
-        self._table = session.table
-        self.census = ProcessCensus(started_at=self._wall())
-        self.samplers: list[SamplerThread] = []
-        self.live: LiveView | None = None
-        self.facts = _FactsGatherer(simulation)
-        self._guard("host facts", self.facts.start)
-        self._guard("GPU sampling", lambda: self._start_gpu(backend))
-        self._guard("Xid watch", lambda: self._start_xids(backend))
-        self._guard("host sampling", lambda: self._start_host(job))
-        self._guard("live view", lambda: self._start_live(session, aggregate, mux, mode))
-
-    def _guard(self, what: str, start: Callable[[], None]) -> None:
-        try:
-            start()
-        except Exception as exc:
-            self._router.add_event(_sampler_error(what, exc, self._wall()))
-
-    def _record_gpu(self, sample: GpuSample) -> None:
-        self.first_gpu.setdefault(sample.index, sample)
-        self._router.add_gpu(sample)
-
-    def _start_gpu(self, backend: GpuBackend) -> None:
-        self._gpu = GpuSampler(backend, self._record_gpu, self._router.add_event)
-        self._thread("gpu", "GPU", self._gpu.sample_once)
-
-    def _start_xids(self, backend: GpuBackend) -> None:
-        self._xids = XidWatcher(backend, self._router.add_event, lambda: dict(self.first_gpu))
-        if self._xids.source is not None:
-            self._thread("xid", "Xid watch", self._xids.sample_once)
-
-    def _start_host(self, job: CurrentJob) -> None:
-        host = HostSampler(
-            job.pid,
-            self._router.add_host,
-            tree=job.descendants,
-            cgroup_cpu=_cgroup_reader(job.pid),
-            threads=ThreadSampler(lambda: _roles(self._table)),
-            census=self.census,
-        )
-        self._thread("host", "host", host.sample_once)
-
-    def _thread(self, name: str, what: str, sample_once: Callable[[], float]) -> None:
-        thread = SamplerThread(
-            name,
-            sample_once,
-            lambda e: self._router.add_event(_sampler_error(what, e, self._wall())),
-        )
-        thread.start()
-        self.samplers.append(thread)
-
-    def _start_live(
-        self, session: RunSession, aggregate: LiveAggregate, mux: TerminalMux, mode: str
-    ) -> None:
-        self.live = LiveView(
-            aggregate,
-            mode,
-            command_name(session.options.argv),
-            mux.show_panel,
-            mux.status_line,
-            mux.clear_panel,
-            width=lambda: _terminal_width(session.stderr_fd),
-            color_system=_color_system() if mode == "panel" else None,
-        )
-        self.live.start()
-
-    def stop(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-        for s in self.samplers:
-            s.stop()
-        if self._xids is not None:
-            self._xids.close()
-        if self._gpu is not None:
-            self.gpu_period_s = self._gpu.period_s
-
-    def host_facts(self) -> HostFacts | None:
-        if self.facts.ident is not None:  # it may have failed to start
-            self.facts.join(5.0)
-        return self.facts.host
-
-
 class RunSession:
     """Runs one job under supervision; see the module docstring."""
 
@@ -285,6 +156,11 @@ class RunSession:
     def run(self) -> RunOutcome:
         """Run the job to its end; returns how it ended.
 
+        The session's resources (GPU backend, record writer, channel server,
+        output keeper, record flusher, observers) are entered in order on one
+        :class:`contextlib.ExitStack`: whatever happens they are released in
+        reverse, and a run whose job never started leaves nothing behind.
+
         Raises:
             CommandNotFoundError / CommandNotExecutableError: the job could not
                 start (the run directory is removed again).
@@ -292,113 +168,173 @@ class RunSession:
             RunDirectoryError: the run directory cannot be written (nothing ran).
         """
         options = self.options
-        run_dir = options.run_dir
         simulation = load_simulation(options.simulate) if options.simulate else None
         backend: GpuBackend = simulation.backend if simulation is not None else open_nvml_or_none()
         started_at = self.wall()
-        cwd = options.cwd or os.getcwd()
-        meta = RunMeta(
-            run_id=printable(run_dir.name),
-            command=tuple(printable(a) for a in options.argv),
-            cwd=printable(cwd),
-            started_at=started_at,
-            trainmedic_version=__version__,
-            gpu_backend=backend.kind,
-        )
+        meta = self._meta(backend.kind, started_at)
         aggregate = LiveAggregate(started_at)
         current: list[CurrentJob] = []
+        observers: list[Observers] = []
         watchdog = Watchdog(
             self.table, lambda: current[0].descendants() if current else [], wall=self.wall
         )
-        token = secrets.token_hex(16)
+        mode = self._live_mode()
+        mux = TerminalMux(self.stdout_fd, self.stderr_fd, panel=mode == "panel")
+
+        def start_observers(job: CurrentJob) -> None:
+            current.append(job)
+            observers.append(
+                Observers(
+                    job,
+                    backend,
+                    simulation,
+                    router,
+                    aggregate,
+                    mux,
+                    mode,
+                    table=self.table,
+                    wall=self.wall,
+                    title=command_name(options.argv),
+                    stderr_fd=self.stderr_fd,
+                )
+            )
+
+        with contextlib.ExitStack() as stack:
+            stack.callback(_close_quietly, backend)
+            token = secrets.token_hex(16)
+            writer, router, server = self._open_record(
+                meta, self._sinks(aggregate, watchdog), token
+            )
+            stack.push(_if_never_started(observers, self._discard))
+            stack.callback(writer.close)
+            env = probe_environment(
+                self.environ, server.address, token, options.run_dir, probe=options.probe
+            )
+            become_subreaper()
+            server.start()
+            stack.callback(server.close)
+            keeper = self._start_keeper(server, router)
+            if keeper is not None:
+                # Once the job runs, the keeper stays to carry its output on.
+                stack.push(_if_never_started(observers, keeper.close))
+            flusher = SamplerThread(
+                "record-flush", lambda: _flush(writer, FLUSH_EVERY_S), lambda _e: None
+            )
+            flusher.start()
+            stack.callback(flusher.stop)
+            stack.callback(_stop_all, observers)
+            cpu0 = time.process_time()
+            loop = self._attempt_loop(
+                env, mux, keeper, router, watchdog, server, start_observers, backend.kind
+            )
+            # Signals are handled from before the job exists: a Ctrl-C while it starts
+            # is delivered to it as soon as it does, never lost and never an orphan.
+            stops = loop.stops
+            with forwarding_signals(stops, on_resize=lambda: stops.resize(self.stdout_fd)):
+                result = _supervise(loop, mux.notice, router.add_event, self.wall)
+                for o in observers:
+                    o.stop()
+                    router.add_event(o.census.event(self.wall(), probe=options.probe))
+                server.close()
+            machine = self._wind_up(router, observers, backend, simulation, started_at, cpu0)
+            flusher.stop()
+            final_meta = dataclasses.replace(
+                meta,
+                ended_at=result.ended_at,
+                exit_code=result.returncode,
+                environment=environment(machine, self.table, options.simulate),
+            )
+            self._close_record(writer, final_meta)
+            if keeper is not None:
+                keeper.close()
+        return RunOutcome(
+            run_dir=options.run_dir,
+            returncode=result.returncode,
+            exit_status=exit_status(result.returncode),
+            started_at=started_at,
+            ended_at=result.ended_at,
+            machine=machine,
+            leftovers=result.leftovers,
+            attempts=result.attempts,
+            record_loss=self.guard.loss(),
+        )
+
+    def _meta(self, gpu_backend: str, started_at: float) -> RunMeta:
+        """The run's metadata as the job starts (``meta.json``, completed at the end)."""
+        options = self.options
+        return RunMeta(
+            run_id=printable(options.run_dir.name),
+            command=tuple(printable(a) for a in options.argv),
+            cwd=printable(options.cwd or os.getcwd()),
+            started_at=started_at,
+            trainmedic_version=__version__,
+            gpu_backend=gpu_backend,
+        )
+
+    def _sinks(self, aggregate: LiveAggregate, watchdog: Watchdog) -> list[Any]:
+        """Where the probes' messages go besides the record: the live view's
+        aggregate, the watchdog and the Prometheus exporter's state."""
         sinks: list[Any] = [aggregate, watchdog]
         if self.metrics is not None:
             self.metrics.warnings = lambda: aggregate.status(self.wall()).warnings
             sinks.append(self.metrics)
-        writer, router, server = self._open_record(meta, sinks, token)
-        mode = self._live_mode()
-        mux = TerminalMux(self.stdout_fd, self.stderr_fd, panel=mode == "panel")
-        env = probe_environment(self.environ, server.address, token, run_dir, probe=options.probe)
-        become_subreaper()
-        server.start()
-        keeper = self._start_keeper(server, router)
-        flusher = SamplerThread(
-            "record-flush", lambda: _flush(writer, FLUSH_EVERY_S), lambda _e: None
-        )
-        flusher.start()
+        return sinks
+
+    def _attempt_loop(
+        self,
+        env: dict[str, str],
+        mux: TerminalMux,
+        keeper: OutputKeeper | None,
+        router: MessageRouter,
+        watchdog: Watchdog,
+        server: ChannelServer,
+        start_observers: Callable[[CurrentJob], None],
+        gpu_backend_kind: str,
+    ) -> AttemptLoop:
+        options = self.options
         merged = same_destination(self.stdout_fd, self.stderr_fd)
         logs = (
             ((self.stdout_fd, OUTPUT_LOG),)
             if merged
             else ((self.stdout_fd, STDOUT_LOG), (self.stderr_fd, STDERR_LOG))
         )
-        # Signals are handled from before the job exists: a Ctrl-C while it starts
-        # is delivered to it as soon as it does, never lost and never an orphan.
-        forwarder = StopRequests(None, mux.notice)
-        cpu0 = time.process_time()
-        observers: list[_Observers] = []
-
-        def start_observers(job: CurrentJob) -> None:
-            current.append(job)
-            observers.append(
-                _Observers(self, job, backend, simulation, router, aggregate, mux, mode)
-            )
-
-        loop = AttemptLoop(
+        io = AttemptIO(
+            self.stdout_fd,
+            self.stderr_fd,
+            merged,
+            mux,
+            logs,
+            record_guard=self.guard,
+            keeper=keeper,
+        )
+        return AttemptLoop(
             argv=options.argv,
             cwd=options.cwd,
             env=env,
-            run_dir=run_dir,
+            run_dir=options.run_dir,
             options=options.resilience,
-            io=AttemptIO(
-                self.stdout_fd,
-                self.stderr_fd,
-                merged,
-                mux,
-                logs,
-                record_guard=self.guard,
-                keeper=keeper,
-            ),
+            io=io,
             router_event=router.add_event,
             watchdog=watchdog,
-            stops=forwarder,
+            stops=StopRequests(None, mux.notice),
             wait_idle=server.wait_idle,
             start_observers=start_observers,
-            gpu_backend_kind=backend.kind,
+            gpu_backend_kind=gpu_backend_kind,
             wall=self.wall,
         )
-        with forwarding_signals(forwarder, on_resize=lambda: forwarder.resize(self.stdout_fd)):
-            try:
-                try:
-                    result = loop.run()
-                except Exception as exc:
-                    if loop.current is None:
-                        raise
-                    # A bug of the supervisor must not cost the job its run or its
-                    # exit status: supervision stops, the job runs on to its end.
-                    result = run_on_unsupervised(
-                        loop, exc, mux.notice, router.add_event, self.wall
-                    )
-            except BaseException:
-                for o in observers:
-                    o.stop()
-                flusher.stop()
-                server.close()
-                writer.close()
-                backend.close()
-                if not observers:
-                    if keeper is not None:
-                        keeper.close()  # nothing ran: nothing to take over
-                    _discard(run_dir, remove_dir=options.created_dir)
-                raise
-            for o in observers:
-                o.stop()
-                router.add_event(o.census.event(self.wall(), probe=options.probe))
-            server.close()
-        ended_at = result.ended_at
-        returncode = result.returncode
-        leftovers = list(result.leftovers)
-        for event in _bootstrap_errors(run_dir):
+
+    def _wind_up(
+        self,
+        router: MessageRouter,
+        observers: Sequence[Observers],
+        backend: GpuBackend,
+        simulation: Simulation | None,
+        started_at: float,
+        cpu0: float,
+    ) -> MachineFacts | None:
+        """The record's last events (probe bootstraps that failed, what supervising
+        cost) and the machine's facts for diagnosis."""
+        for event in bootstrap_errors(self.options.run_dir):
             router.add_event(event)
         wall_s = max(1e-9, self.wall() - started_at)
         cpu_s = time.process_time() - cpu0
@@ -418,33 +354,16 @@ class RunSession:
                 },
             )
         )
-        machine = self._machine_facts(
+        return machine_facts(
+            self.table,
             backend,
             simulation,
             observers[0].host_facts() if observers else None,
             observers[0].first_gpu if observers else {},
         )
-        flusher.stop()
-        environment = _environment(machine, self.table, options.simulate)
-        final_meta = dataclasses.replace(
-            meta, ended_at=ended_at, exit_code=returncode, environment=environment
-        )
-        self._close_record(writer, final_meta)
-        if keeper is not None:
-            keeper.close()
-        with contextlib.suppress(Exception):
-            backend.close()
-        return RunOutcome(
-            run_dir=run_dir,
-            returncode=returncode,
-            exit_status=exit_status(returncode),
-            started_at=started_at,
-            ended_at=ended_at,
-            machine=machine,
-            leftovers=tuple(leftovers),
-            attempts=result.attempts,
-            record_loss=self.guard.loss(),
-        )
+
+    def _discard(self) -> None:
+        _discard(self.options.run_dir, remove_dir=self.options.created_dir)
 
     def _open_record(
         self, meta: RunMeta, sinks: list[Any], token: str
@@ -473,9 +392,7 @@ class RunSession:
         self.guard.reserve(run_dir)
         return writer, router, server
 
-    def _start_keeper(
-        self, server: ChannelServer, router: MessageRouter
-    ) -> OutputKeeper | None:
+    def _start_keeper(self, server: ChannelServer, router: MessageRouter) -> OutputKeeper | None:
         """The output keeper (the job's output outlives a killed supervisor), or ``None``."""
         if not self.keep_output:
             return None
@@ -513,167 +430,6 @@ class RunSession:
             guard.trip(exc, META_FILE)
         guard.release()
 
-    def _machine_facts(
-        self,
-        backend: GpuBackend,
-        simulation: Simulation | None,
-        host: HostFacts | None,
-        first_gpu: Mapping[int, GpuSample],
-    ) -> MachineFacts | None:
-        if host is None:
-            return None
-        try:
-            driver = backend.driver()
-        except Exception:
-            driver = None
-        gpus = GpuFacts(
-            backend=backend.kind,
-            driver=driver,
-            samples=tuple(first_gpu[i] for i in sorted(first_gpu)),
-            absent_reason=backend.absent_reason,
-        )
-        if simulation is not None and simulation.torch is not None:
-            torch: TorchBuild | None = simulation.torch
-        else:
-            torch = self._torch_build()
-        return MachineFacts(host=host, gpu=gpus, torch=torch)
-
-    def _torch_build(self) -> TorchBuild | None:
-        """The job's torch as its probe saw it, else the installed one read from files."""
-        info = self.table.torch_info()
-        if info is None:
-            return read_torch_build(import_torch=False)
-        return TorchBuild(
-            version=info.version,
-            cuda_version=parse_cuda_version(info.cuda_version),
-            arch_list=info.arch_list,
-            cudnn_version=info.cudnn_version,
-            cudnn_available=info.cudnn_version is not None,
-            cuda_available=info.cuda_initialized,
-            probed=info.cuda_initialized,
-        )
-
-
-def _roles(table: ProcessTable) -> dict[int, str]:
-    """What the probes said each process does: DataLoader worker, or training (it marks steps)."""
-    roles: dict[int, str] = {}
-    for pid, state in table.snapshot().items():
-        if state.hello.role == "worker":
-            roles[pid] = ROLE_WORKER
-        elif state.last_heartbeat is not None and state.last_heartbeat.steps > 0:
-            roles[pid] = ROLE_TRAIN
-    return roles
-
-
-def _sampler_error(what: str, exc: BaseException, t: float) -> RunEvent:
-    return RunEvent(
-        t=t,
-        kind="sampler_error",
-        message=f"{what} stopped: {type(exc).__name__}: {exc}",
-    )
-
-
-def _cgroup_reader(pid: int) -> Callable[[], tuple[float | None, float | None]]:
-    """(quota in cores, cumulative throttled seconds) of the job's CPU cgroup."""
-    try:
-        from trainmedic.host.cgroup import locate_cgroup, read_cpu
-
-        location = locate_cgroup(pid=pid).cpu
-    except Exception:
-        location = None
-
-    def read() -> tuple[float | None, float | None]:
-        if location is None:
-            return None, None
-        try:
-            cpu = read_cpu(location)
-        except Exception:
-            return None, None
-        return cpu.quota_cores, cpu.throttled_s
-
-    return read
-
-
-def _terminal_width(fd: int) -> int:
-    try:
-        columns = os.get_terminal_size(fd).columns
-    except OSError:
-        columns = 0
-    return columns or 80  # a new pty reports 0 columns until someone sizes it
-
-
-def _color_system() -> str | None:
-    from rich.console import Console
-
-    return Console(file=sys.stderr).color_system
-
-
-def _bootstrap_errors(run_dir: Path) -> list[RunEvent]:
-    """Probe bootstraps that failed to load leave a line each; they become events."""
-    path = run_dir / probe_env.BOOTSTRAP_ERRORS
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    events = []
-    for line in lines[:100]:
-        pid_text, _, message = line.partition(" ")
-        events.append(
-            RunEvent(
-                t=path.stat().st_mtime,
-                kind="probe_error",
-                message=f"probe could not load: {message}",
-                pid=int(pid_text) if pid_text.isdigit() else None,
-                data={"part": "bootstrap"},
-            )
-        )
-    return events
-
-
-def _environment(
-    machine: MachineFacts | None, table: ProcessTable, simulate: str | None
-) -> dict[str, Any]:
-    """The machine and the job's torch, as JSON-ready data for meta.json."""
-    env: dict[str, Any] = {"simulation": simulate}
-    if machine is not None:
-        host = machine.host
-        env["host"] = {
-            "hostname": host.hostname,
-            "logical_cores": host.cpu.logical_cores,
-            "usable_cores": host.cpu.usable_cores,
-            "memory_total_bytes": host.memory.total_bytes,
-        }
-        env["gpu"] = {
-            "backend": machine.gpu.backend,
-            "driver": None if machine.gpu.driver is None else machine.gpu.driver.version,
-            "absent_reason": machine.gpu.absent_reason,
-            "gpus": [
-                {
-                    "index": s.index,
-                    "name": s.name,
-                    "uuid": s.uuid,
-                    "memory_total_bytes": s.memory_total_bytes,
-                }
-                for s in machine.gpu.samples
-            ],
-        }
-    info = table.torch_info()
-    if info is not None:
-        env["torch"] = {
-            "version": info.version,
-            "cuda_version": info.cuda_version,
-            "cudnn_version": info.cudnn_version,
-            "cuda_initialized": info.cuda_initialized,
-            "devices": list(info.devices),
-        }
-    elif machine is not None and machine.torch is not None:
-        env["torch"] = {
-            "version": machine.torch.version,
-            "cuda_version": machine.torch.cuda_version,
-        }
-    env["processes"] = len(table.snapshot())
-    return env
-
 
 def _discard(run_dir: Path, remove_dir: bool) -> None:
     """Remove what this run wrote when its job never started (the directory was
@@ -687,6 +443,52 @@ def _discard(run_dir: Path, remove_dir: bool) -> None:
     if remove_dir:
         with contextlib.suppress(OSError):
             run_dir.rmdir()
+
+
+def _supervise(
+    loop: AttemptLoop,
+    notice: Callable[[str], None],
+    add_event: Callable[[RunEvent], None],
+    wall: Callable[[], float],
+) -> LoopResult:
+    """The attempts of the job. A bug of the supervisor must not cost the job its
+    run or its exit status: once the job runs, supervision stops and the job
+    runs on to its end; before, the error propagates."""
+    try:
+        return loop.run()
+    except Exception as exc:
+        if loop.current is None:
+            raise
+        return run_on_unsupervised(loop, exc, notice, add_event, wall)
+
+
+_ExitCallback = Callable[
+    [type[BaseException] | None, BaseException | None, TracebackType | None], bool
+]
+
+
+def _if_never_started(observers: Sequence[Observers], action: Callable[[], None]) -> _ExitCallback:
+    """An exit callback that runs ``action`` when the session fails before the
+    job started (no observers yet)."""
+
+    def on_exit(
+        exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc_type is not None and not observers:
+            action()
+        return False
+
+    return on_exit
+
+
+def _stop_all(observers: Sequence[Observers]) -> None:
+    for o in observers:
+        o.stop()
+
+
+def _close_quietly(backend: GpuBackend) -> None:
+    with contextlib.suppress(Exception):
+        backend.close()
 
 
 def _flush(writer: RunRecordWriter, period_s: float) -> float:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from trainmedic.supervise.launcher import Job
+from trainmedic.supervise.launcher import Job, is_alive
 
 SWEEP_ROUNDS = 3
 """Rounds of kill-and-check for processes spawned while the job was stopping."""
@@ -95,7 +95,7 @@ def stop_job(
             if p.pid not in tree and p.pid != job.pid:
                 tree[p.pid] = p
                 all_pids.add(p.pid)
-        remaining = [p for p in tree.values() if _is_alive(p)]
+        remaining = [p for p in tree.values() if is_alive(p)]
         leader_running = job.poll() is None
         if not remaining and not leader_running:
             break
@@ -105,7 +105,7 @@ def stop_job(
         _signal_all(job, remaining, signal.SIGKILL)
         psutil.wait_procs(remaining, timeout=KILL_WAIT_S)
         job.wait(KILL_WAIT_S)
-    survivors = sorted(p.pid for p in tree.values() if _is_alive(p))
+    survivors = sorted(p.pid for p in tree.values() if is_alive(p))
     if job.poll() is None:
         survivors.append(job.pid)
     took = clock() - t0
@@ -160,23 +160,8 @@ def _signal_all(job: Job, procs: Iterable[psutil.Process], sig: int) -> None:
                 p.send_signal(sig)
 
 
-def _is_alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _alive(procs: Iterable[psutil.Process], leader: int) -> bool:
-    return any(_is_alive(p) for p in procs if p.pid != leader)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not count)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return any(is_alive(p) for p in procs if p.pid != leader)
 
 
 def caught_signals(pid: int) -> set[int] | None:

@@ -50,7 +50,7 @@ from trainmedic.record.types import (
     StepRecord,
 )
 from trainmedic.resilience.group import RankProgress
-from trainmedic.resilience.silence import JobEvidence, Silence
+from trainmedic.resilience.silence_evidence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerdict
 from trainmedic.supervise.forensics import JobProcess
 from trainmedic.supervise.liveness import SilenceObserver
