@@ -86,3 +86,26 @@ def test_the_jobs_own_checkpoint_directory_wins(tmp_path: Path) -> None:
     assert checkpoint_dir(tmp_path, {}) == tmp_path / "checkpoints"
     own = {"TRAINMEDIC_CHECKPOINT_DIR": "/data/ckpt"}
     assert checkpoint_dir(tmp_path, own) == Path("/data/ckpt")
+
+
+def test_a_glob_over_too_many_paths_is_cut_and_says_so(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for i in range(30):
+        (run / f"ckpt_{i:03d}.pt").write_bytes(b"x")
+    point = newest_glob_checkpoint("run/*.pt", str(tmp_path), max_matches=10)
+    assert point is not None and point.cut is not None and "over 10 paths" in point.cut
+    whole = newest_glob_checkpoint("run/*.pt", str(tmp_path))
+    assert whole is not None and whole.cut is None
+
+
+def test_a_glob_that_takes_too_long_is_cut_by_the_clock(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for i in range(5):
+        (run / f"ckpt_{i}.pt").write_bytes(b"x")
+    ticks = iter(range(100))
+    point = newest_glob_checkpoint(
+        "run/*.pt", str(tmp_path), max_s=2.5, clock=lambda: float(next(ticks))
+    )
+    assert point is not None and point.cut == "--checkpoint-glob was searched for 2.5 s: narrow it"

@@ -22,6 +22,8 @@ import hashlib
 import os
 import re
 import shlex
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +48,14 @@ class ResumePoint:
         step: its training step: from the manifest, else the last number in
             the file name (``ckpt_step120.pt`` -> 120), else ``None``.
         source: ``checkpointer`` or ``glob``.
+        cut: why the glob's search stopped before its end (``None``: it did not),
+            so a newer match may exist.
     """
 
     path: Path
     step: int | None
     source: str
+    cut: str | None = None
 
 
 def parse_resume_template(template: str) -> tuple[str, ...]:
@@ -142,6 +147,8 @@ def plan_resume(
         return argv, None, f"attempt {number}: no checkpoint yet, starting from the beginning"
     step = "" if resume.step is None else f" (step {resume.step})"
     notice = f"attempt {number} resumes from {resume.path}{step}"
+    if resume.cut:
+        notice += f" (the newest found; {resume.cut})"
     return (*argv, *resume_arguments(resume_args, resume)), resume, notice
 
 
@@ -167,13 +174,40 @@ def newest_checkpointer_checkpoint(directory: Path) -> ResumePoint | None:
     return None
 
 
-def newest_glob_checkpoint(pattern: str, cwd: str | None = None) -> ResumePoint | None:
+GLOB_MAX_MATCHES = 100_000
+"""Matches of ``--checkpoint-glob`` looked at, at most, before a restart."""
+GLOB_MAX_S = 10.0
+"""Seconds the search for the newest match may take before a restart."""
+
+
+def newest_glob_checkpoint(
+    pattern: str,
+    cwd: str | None = None,
+    *,
+    max_matches: int = GLOB_MAX_MATCHES,
+    max_s: float = GLOB_MAX_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> ResumePoint | None:
     """The most recently modified non-empty file matching ``pattern`` (relative
-    to ``cwd``, the job's working directory)."""
+    to ``cwd``, the job's working directory).
+
+    The search is bounded: a pattern such as ``/**`` would walk the whole
+    filesystem while the job waits to restart. Past ``max_matches`` matches or
+    ``max_s`` seconds it stops, and the newest file seen so far is returned
+    with ``cut`` saying so.
+    """
     base = Path(cwd or os.getcwd())
     full = pattern if os.path.isabs(pattern) else str(base / pattern)
     newest: tuple[float, Path] | None = None
-    for name in glob.glob(full, recursive=True):
+    deadline = clock() + max_s
+    cut: str | None = None
+    for seen, name in enumerate(glob.iglob(full, recursive=True)):
+        if seen >= max_matches:
+            cut = f"--checkpoint-glob matched over {max_matches:,} paths: narrow it"
+            break
+        if clock() > deadline:
+            cut = f"--checkpoint-glob was searched for {max_s:g} s: narrow it"
+            break
         path = Path(name)
         try:
             st = path.stat()
@@ -186,7 +220,7 @@ def newest_glob_checkpoint(pattern: str, cwd: str | None = None) -> ResumePoint 
     if newest is None:
         return None
     numbers = _NUMBER_RE.findall(newest[1].name)
-    return ResumePoint(newest[1], int(numbers[-1]) if numbers else None, "glob")
+    return ResumePoint(newest[1], int(numbers[-1]) if numbers else None, "glob", cut)
 
 
 def _sha256(path: Path) -> str:
