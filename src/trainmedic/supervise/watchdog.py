@@ -67,6 +67,25 @@ RESUMED_EVENT = "checkpoint_resumed"
 Tree = Callable[[], list[psutil.Process]]
 
 
+MAX_XIDS = 64
+"""Xid events kept for the failure classifier (the newest)."""
+
+
+def xid_line(event: RunEvent) -> str:
+    """An ``xid`` run event as the driver's kernel-log line, for the classifier:
+    the line itself when it came from the kernel log, else one made from the
+    NVML event's code and GPU."""
+    if "NVRM: Xid" in event.message:
+        return event.message
+    data = event.data
+    where = f"PCI:{data['pci_bus_id']}" if data.get("pci_bus_id") else f"GPU {data.get('gpu', '?')}"
+    instance = data.get("gpu_instance")
+    if isinstance(instance, int):
+        where += f" GPU-I:{instance:02d}"
+    detail = data.get("detail") or "reported by NVML"
+    return f"NVRM: Xid ({where}): {data.get('xid')}, {detail}"
+
+
 @dataclass(frozen=True)
 class AttemptObservations:
     """What the watchdog saw during one attempt (times on the wall clock, Unix s).
@@ -118,6 +137,7 @@ class Watchdog:
         self._clock = clock
         self._wall = wall
         self._lock = threading.RLock()
+        self._xids: deque[tuple[float, str]] = deque(maxlen=MAX_XIDS)
         self.gpu_last: dict[int, GpuSample] = {}
         self.observer = observer or SilenceObserver(
             tree, self._attempt_processes, lambda: dict(self.gpu_last), clock=clock, wall=wall
@@ -237,6 +257,10 @@ class Watchdog:
         return None
 
     def add_event(self, event: RunEvent) -> None:
+        if event.kind == "xid":
+            with self._lock:
+                self._xids.append((event.t, xid_line(event)))
+            return
         if event.kind != RESUMED_EVENT:
             return
         with self._lock:
@@ -348,6 +372,14 @@ class Watchdog:
                 pids=frozenset(self._pids),
                 torch_version=torch,
             )
+
+    def xid_lines(self, since_wall: float) -> tuple[str, ...]:
+        """Kernel-log style lines of the Xid events recorded since ``since_wall``
+        (Unix s), kept across attempts: NVML reports an Xid to any user where
+        the kernel log itself is unreadable, and its event may arrive after the
+        attempt it ended."""
+        with self._lock:
+            return tuple(line for t, line in self._xids if t >= since_wall - 1.0)
 
     def last_steps(self) -> list[dict[str, Any]]:
         with self._lock:
