@@ -40,7 +40,6 @@ import os
 import random
 import re
 import sys
-import tempfile
 import time
 import warnings
 from collections import OrderedDict
@@ -51,6 +50,7 @@ from typing import IO, Any, Protocol
 
 from trainmedic import jsonfile
 from trainmedic.api import phase
+from trainmedic.atomicfile import atomic_writer, fsync_dir
 from trainmedic.errors import CheckpointError, UsageError
 
 CHECKPOINT_DIR_ENV = "TRAINMEDIC_CHECKPOINT_DIR"
@@ -342,7 +342,7 @@ class Checkpointer:
             return
         # mkdir's mode is filtered by the umask; the directory must be private.
         os.chmod(self.directory, 0o700)
-        _fsync_directory(self.directory.parent)
+        fsync_dir(self.directory.parent)
 
     def _next_sequence(self) -> int:
         highest = 0
@@ -370,7 +370,7 @@ class Checkpointer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / name)
         if stale:
-            _fsync_directory(self.directory)
+            fsync_dir(self.directory)
 
     # ----------------------------------------------------------------- loading
 
@@ -478,35 +478,23 @@ def _report_resumed(loaded: LoadedCheckpoint) -> None:
 def _write_atomic(
     directory: Path, name: str, write: Callable[[IO[bytes]], Any]
 ) -> tuple[Path, int, str]:
-    """Write ``name`` in ``directory`` atomically; return (path, size, sha256 hex)."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{name}.", suffix=_TMP_SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "w+b") as f:  # mkstemp creates the file with mode 0600
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-            f.seek(0)
-            digest = hashlib.sha256()
-            while chunk := f.read(_HASH_CHUNK_BYTES):
-                digest.update(chunk)
-        final = directory / name
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(directory)
+    """Write ``name`` in ``directory`` atomically (temporary file, fsync, rename,
+    fsync of the directory); return (path, size, sha256 hex of the bytes on disk).
+
+    The temporary file is ``.<name>.<random>.tmp``: an interrupted save is
+    dropped by the next prune (:data:`_TMP_PREFIX`, :data:`_TMP_SUFFIX`).
+    """
+    final = directory / name
+    with atomic_writer(final, binary=True) as f:
+        write(f)
+    # Hashed as read back, so the manifest vouches for what the disk holds.
+    digest = hashlib.sha256()
+    size = 0
+    with open(final, "rb") as r:
+        while chunk := r.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
     return final, size, digest.hexdigest()
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make renames and unlinks in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read_verified(info: CheckpointInfo, map_location: Any) -> dict[str, Any]:

@@ -64,10 +64,10 @@ def compare(
     """Compare the run RUN_B (after a change) with RUN_A (before it): throughput with its
     confidence interval and a verdict (faster, slower, no_change), step-time breakdown,
     data wait, GPU use, and the findings resolved, still present or new."""
-    from trainmedic.cli.report_cmd import load_or_diagnose
     from trainmedic.record.store import load_run_record
     from trainmedic.report.compare import compare_runs
     from trainmedic.report.compare_view import render_comparison, render_comparison_html
+    from trainmedic.report.run_findings import load_or_diagnose
 
     dirs = (Path(before), Path(after))
     for flag, value in (("--json", json_out), ("--html", html_out)):

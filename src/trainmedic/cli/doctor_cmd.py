@@ -122,3 +122,6 @@ def _print_report(facts: MachineFacts, findings: list[Finding], brief: bool) -> 
     from trainmedic.report.terminal import render_findings
 
     render_findings(console, findings, render_heading, show_info=not brief)
+
+
+COMMAND = doctor

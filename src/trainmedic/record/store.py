@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmedic.atomicfile import atomic_writer
 from trainmedic.errors import RunDirectoryError
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record import codec
@@ -433,23 +434,12 @@ class RunRecordWriter:
         data = json.dumps(codec.encode_meta(meta), indent=2, ensure_ascii=False, default=str)
         raw = (data + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
-            tmp = self.run_dir / f".{META_FILE}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
-            try:
-                try:
-                    os.fchmod(fd, _FILE_MODE)
-                    view = memoryview(raw)
-                    while view:
-                        view = view[self.guard.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.run_dir / META_FILE)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                raise
-            _fsync_dir(self.run_dir)
+            target = self.run_dir / META_FILE
+            with atomic_writer(target, binary=True, mode=_FILE_MODE) as f:
+                # Through the guard's write function, the seam of every record write.
+                view = memoryview(raw)
+                while view:
+                    view = view[self.guard.write(f.fileno(), view) :]
 
     # --- steps -----------------------------------------------------------------------
 
@@ -706,17 +696,3 @@ def _shorten(value: Any, limit: int) -> Any:
     if isinstance(value, list):
         return [_shorten(v, limit) for v in value]
     return value
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename durable; some filesystems refuse to open a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -14,14 +14,13 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainmedic.atomicfile import write_atomic
 from trainmedic.findings.model import Finding, Severity, rank_findings
 from trainmedic.record.stats import RunSummary, StepSpan, all_spans, summarize
 from trainmedic.record.types import RunRecord
@@ -48,15 +47,7 @@ _MB = 1e6
 def write_html_report(record: RunRecord, findings: Sequence[Finding], path: Path) -> None:
     """Write the report of ``record`` and its ``findings`` to ``path`` (replaced atomically)."""
     page = render_html_report(record, findings)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, page)
 
 
 def render_html_report(record: RunRecord, findings: Sequence[Finding]) -> str:
