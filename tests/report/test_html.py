@@ -22,7 +22,8 @@ from trainmedic.record.types import (
     StepRecord,
     StepWindow,
 )
-from trainmedic.report.html import MAX_POINTS, render_html_report, write_html_report
+from trainmedic.report.html import render_html_report, write_html_report
+from trainmedic.report.html_plots import MAX_POINTS
 
 T0 = 1_700_000_000.0
 XSS = '<script>alert("x")</script>'
