@@ -72,7 +72,7 @@ def doctor(
     the storage and network the training data comes from."""
     from trainmedic.doctor.gather import DoctorRequest, gather_facts
     from trainmedic.doctor.runner import run_checks
-    from trainmedic.host.netprobe import parse_target
+    from trainmedic.host.nettarget import parse_target
     from trainmedic.host.storage import validate_data_dir
 
     # Validate every user input before measuring anything, so a typo costs nothing.
