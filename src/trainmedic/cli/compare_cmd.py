@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
 
@@ -24,15 +25,7 @@ from trainmedic.errors import InputError, UsageError
 @click.command("compare")
 @click.argument("before", metavar="RUN_A")
 @click.argument("after", metavar="RUN_B")
-@click.option(
-    "--json",
-    "json_out",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[FILE]",
-    help="Write the comparison as JSON to FILE, or to stdout when no FILE is given.",
-)
+@json_option("the comparison")
 @click.option("--html", "html_out", metavar="FILE", help="Write the comparison as an HTML page.")
 @click.option(
     "--force", is_flag=True, help="Replace an existing --json/--html file trainmedic did not write."

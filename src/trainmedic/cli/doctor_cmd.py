@@ -9,7 +9,7 @@ import time
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
+from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, json_option, simulate_option
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Finding, FindingsDocument
@@ -35,15 +35,7 @@ from trainmedic.findings.model import Finding, FindingsDocument
     metavar="SECONDS",
     help="Time budget for each of the --data-dir and --data-url measurements.",
 )
-@click.option(
-    "--json",
-    "json_out",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[FILE]",
-    help="Write the findings document as JSON to FILE, or to stdout when no FILE is given.",
-)
+@json_option("the findings document")
 @click.option(
     "--fail-on",
     type=click.Choice(FAIL_ON_CHOICES),

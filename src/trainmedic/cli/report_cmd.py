@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError
 from trainmedic.findings.model import Finding
@@ -25,15 +26,7 @@ from trainmedic.report.run_findings import diagnose_merged, document_json, load_
 
 @click.command("report")
 @click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True)
-@click.option(
-    "--json",
-    "json_out",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[FILE]",
-    help="Write the findings document as JSON to FILE, or to stdout when no FILE is given.",
-)
+@json_option("the findings document")
 @click.option("--html", "html_out", metavar="FILE", help="Write a self-contained HTML report.")
 @click.option(
     "--trace",
