@@ -19,7 +19,7 @@ steady part this module finds (docs/diagnosis.md, "Run statistics"):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from trainmedic.record.types import RunRecord, StepRecord, StepWindow
@@ -197,3 +197,14 @@ def weighted_quantile(values: Sequence[tuple[float, int]], q: float) -> float | 
             hi_v = v
             break
     return lo_v + (hi_v - lo_v) * (pos - lo_i)
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or touching intervals joined; the result sorted and disjoint."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged

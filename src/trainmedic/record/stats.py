@@ -31,6 +31,7 @@ from trainmedic.record.spans import (
     StepSpan,
     StepSplit,
     all_spans,
+    merge_intervals,
     split_steps,
     steady_interval,
     warmup_length,
@@ -153,7 +154,7 @@ def summarize(record: RunRecord) -> RunSummary:
     warm = sum(s.count for s in split.warmup)
     n_steady = sum(s.count for s in steady)
     window = steady_interval(split)
-    intervals = _merge_intervals((s.t_start, s.t_end) for s in steady)
+    intervals = merge_intervals((s.t_start, s.t_end) for s in steady)
     steady_wall = sum(b - a for a, b in intervals) if intervals else None
 
     total_duration = sum(s.duration_s for s in steady)
@@ -265,16 +266,6 @@ def _wall_s(record: RunRecord) -> float | None:
     if end is None:
         return None
     return max(0.0, end - record.meta.started_at)
-
-
-def _merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
 
 
 def readings_in(

@@ -34,6 +34,7 @@ from typing import Any
 
 from trainmedic.atomicfile import atomic_writer, write_atomic
 from trainmedic.errors import UsageError
+from trainmedic.remedies.wrapper import DatasetWrapper
 
 _LEDGER = ".ledger"
 _LOCK = ".lock"
@@ -204,7 +205,7 @@ class CachedFiles:
         return self.cache.get(f"file:{os.path.abspath(source)}", fetch)
 
 
-class CachedDataset:
+class CachedDataset(DatasetWrapper):
     """A deterministic map-style dataset with every sample cached after its first read.
 
     Only right when ``dataset[i]`` is the same every epoch: apply random
@@ -215,14 +216,6 @@ class CachedDataset:
         self.dataset = dataset
         self.cache = cache
         self.namespace = namespace or f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
     def __getitem__(self, index: int) -> Any:
         def fetch() -> bytes:
