@@ -13,7 +13,6 @@ from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.record.layout import FINDINGS_FILE
 from trainmedic.report.run_findings import (
     diagnose_merged,
-    document_json,
     load_or_diagnose,
     run_document,
 )
@@ -39,7 +38,7 @@ def test_the_document_carries_the_run_and_ranks_its_findings() -> None:
     assert doc.tool == "run"
     assert doc.context == {"run_id": "test-run", "command": ["python", "train.py"], "exit_code": 3}
     assert [f.severity for f in doc.findings] == [Severity.ERROR, Severity.INFO]
-    text = document_json(doc)
+    text = doc.to_json()
     assert text.endswith("}\n")
     assert json.loads(text)["summary"] == {"error": 1, "warning": 0, "info": 1}
 
@@ -47,7 +46,7 @@ def test_the_document_carries_the_run_and_ranks_its_findings() -> None:
 def test_a_written_document_is_read_back_as_it_was(tmp_path: Path) -> None:
     record = make_record(make_steps(5))
     doc = run_document(record, [finding(Severity.WARNING, 0.2)], run_dir="x")
-    (tmp_path / FINDINGS_FILE).write_text(document_json(doc))
+    (tmp_path / FINDINGS_FILE).write_text(doc.to_json())
     back = load_or_diagnose(tmp_path, record)
     assert back.to_dict() == doc.to_dict()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -86,10 +85,10 @@ def doctor(
         "doctor", findings, created_at=time.time(), context=_context(facts, simulate)
     )
     if json_out == "-":
-        sys.stdout.write(json.dumps(document.to_dict(), indent=2) + "\n")
+        sys.stdout.write(document.to_json())
     else:
         if "--json" in outputs:
-            data = json.dumps(document.to_dict(), indent=2) + "\n"
+            data = document.to_json()
             write_output(outputs["--json"], lambda f: f.write(data))
         _print_report(facts, list(document.findings), brief)
     return exit_code_for(document.findings, fail_on)

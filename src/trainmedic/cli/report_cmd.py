@@ -21,7 +21,7 @@ from trainmedic.errors import InputError
 from trainmedic.findings.model import Finding
 from trainmedic.ostext import path_problem, printable
 from trainmedic.record.types import RunRecord
-from trainmedic.report.run_findings import diagnose_merged, document_json, load_or_diagnose
+from trainmedic.report.run_findings import diagnose_merged, load_or_diagnose
 
 
 @click.command("report")
@@ -84,7 +84,7 @@ def report(
     findings = list(document.findings)
 
     to_stdout = json_out == "-"
-    data = document_json(document)
+    data = document.to_json()
     if to_stdout:
         sys.stdout.write(data)
     else:

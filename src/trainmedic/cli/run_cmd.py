@@ -25,7 +25,7 @@ from trainmedic.findings.model import Finding
 from trainmedic.ostext import printable
 from trainmedic.record.guard import record_loss_finding
 from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE
-from trainmedic.report.run_findings import document_json, run_document
+from trainmedic.report.run_findings import run_document
 
 if TYPE_CHECKING:
     from trainmedic.record.types import RunRecord
@@ -253,7 +253,7 @@ def _diagnose_and_report(
     )
     ranked = list(document.findings)
     where: Path | None = run_dir
-    if not _write_file(run_dir / FINDINGS_FILE, lambda: document_json(document)):
+    if not _write_file(run_dir / FINDINGS_FILE, document.to_json):
         where = None
     if write_html:
         from trainmedic.report.html import render_html_report

@@ -5,12 +5,11 @@ writes the document to the run directory (:data:`~trainmedic.record.layout.FINDI
 ``trainmedic report`` and ``trainmedic compare`` read it back, or diagnose the
 record again when the run has none (a killed supervisor, an older record).
 Every document of a run carries the run's id and command in its context, and
-is written as the same JSON text wherever it goes.
+is written as the same JSON text wherever it goes (:meth:`FindingsDocument.to_json`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,11 +38,6 @@ def run_document(
             **context,
         },
     )
-
-
-def document_json(document: FindingsDocument) -> str:
-    """The document as the JSON text trainmedic writes (``findings.json``, ``--json``)."""
-    return json.dumps(document.to_dict(), indent=2) + "\n"
 
 
 def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
