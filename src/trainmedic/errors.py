@@ -4,13 +4,20 @@ Every error trainmedic raises on purpose derives from :class:`TrainmedicError`.
 The CLI turns each into a one-line message and a non-zero exit code; anything
 else that escapes is a bug.
 
-    TrainmedicError
-    ├── UsageError            bad flags or arguments (exit 2)
-    │   └── InputError        a file, path or URL given by the user is unusable
-    │       └── SimulationFileError   a simulation file is malformed or incomplete
-    ├── BackendError          a GPU backend failed in a way that is not "unsupported"
-    ├── RunDirectoryError     a run directory is missing, unreadable or corrupt
-    └── CheckpointError       checkpoints exist but none can be loaded, or one does not fit
+    TrainmedicError                    (exit 1)
+    ├── UsageError                     bad flags or arguments (exit 2)
+    │   └── InputError                 a file, path or URL given by the user is unusable
+    │       ├── SimulationFileError    a simulation file is malformed or incomplete
+    │       └── RunDirectoryError      a run directory is missing, unreadable or corrupt
+    ├── BackendError                   a GPU backend failed in a way that is not "unsupported"
+    └── CheckpointError                checkpoints exist but none can be loaded, or one does
+                                       not fit
+
+A run directory is something the user named, so its errors are input errors
+(exit 2) like any other unusable path. Parts add leaves beside the code that
+raises them: ``CommandNotFoundError`` and ``CommandNotExecutableError``
+(:mod:`trainmedic.supervise.launcher`), ``FactoryError`` (an ``InputError``),
+``MicroBatchError`` and ``TooManyBadSamples`` (:mod:`trainmedic.remedies`).
 """
 
 from __future__ import annotations

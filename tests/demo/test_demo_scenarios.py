@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from support import builders
 from trainmedic.demo.scenarios import (
     DEFAULT_SCENARIO,
     SCENARIOS,
@@ -108,8 +109,8 @@ def make_cpu_training(start: float, seconds: float, step_s: float = 0.012) -> li
 
 def make_host(t: float) -> HostSample:
     """The demo machine: the job busy on 1.9 of 2 cores, nobody else."""
-    return HostSample(
-        t=t,
+    return builders.make_host(
+        t,
         job_cpu_pct=190.0,
         job_rss_bytes=900 << 20,
         job_processes=1,
@@ -117,11 +118,9 @@ def make_host(t: float) -> HostSample:
         usable_cores=2.0,
         iowait_pct=0.0,
         disk_read_bytes_per_s=0.0,
-        disk_write_bytes_per_s=0.0,
         net_recv_bytes_per_s=0.0,
         net_sent_bytes_per_s=0.0,
         mem_available_bytes=20 << 30,
-        swap_used_bytes=0,
         others_cpu_pct=2.0,
     )
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from trainmedic.gpu.types import ClockEventReason, GpuProcess
-from trainmedic.record.types import RunRecord
-
-from .builders import (
+from support.builders import (
     GIB,
     T0,
     during,
@@ -19,6 +16,8 @@ from .builders import (
     make_record,
     make_steps,
 )
+from trainmedic.gpu.types import ClockEventReason, GpuProcess
+from trainmedic.record.types import RunRecord
 
 
 def healthy_gpu() -> RunRecord:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from support.builders import make_event, make_record, make_steps
 from trainmedic.diagnose.amp import grad_scaler_skips
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
-
-from .builders import make_event, make_record, make_steps
 
 TH = Thresholds()
 

@@ -6,14 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from trainmedic.diagnose.contention import cpu_contention, gpu_contention
-from trainmedic.diagnose.thresholds import Thresholds
-from trainmedic.diagnose.view import RunView
-from trainmedic.findings.model import Category, Severity
-from trainmedic.gpu.types import GpuProcess
-from trainmedic.record.types import RunRecord
-
-from .builders import (
+from support.builders import (
     GIB,
     T0,
     during,
@@ -24,6 +17,12 @@ from .builders import (
     make_record,
     make_steps,
 )
+from trainmedic.diagnose.contention import cpu_contention, gpu_contention
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.diagnose.view import RunView
+from trainmedic.findings.model import Category, Severity
+from trainmedic.gpu.types import GpuProcess
+from trainmedic.record.types import RunRecord
 
 TH = Thresholds()
 BOB = GpuProcess(pid=999, used_memory_bytes=10 * GIB, user="bob", name="python")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from support.builders import T0, make_host, make_host_series
 from trainmedic.diagnose.cpu_time import contended_intervals, measure
-
-from .builders import T0, make_host, make_host_series
 
 
 def test_no_thread_readings_means_unmeasured() -> None:

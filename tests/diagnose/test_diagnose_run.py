@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from support.builders import make_record, make_steps
 from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.findings.model import Severity
 
-from .builders import make_record, make_steps
 from .canonical import hot_shared_gpu, input_no_workers, input_slow_storage
 
 
@@ -43,11 +43,16 @@ def test_random_records_never_break_the_rules() -> None:
     import json
     import random
 
+    from support.builders import (
+        during,
+        make_activity,
+        make_gpu_series,
+        make_host_series,
+        make_loader,
+    )
     from trainmedic.findings.model import FindingsDocument
     from trainmedic.gpu.types import ClockEventReason
     from trainmedic.record.stats import summarize
-
-    from .builders import during, make_activity, make_gpu_series, make_host_series, make_loader
 
     rng = random.Random(7)
     for _ in range(40):

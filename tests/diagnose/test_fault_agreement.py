@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from support.builders import T0, make_event, make_gpu, make_gpu_series, make_record, make_steps
 from trainmedic.diagnose.hardware import hardware_faults
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.thermal import throttling
@@ -24,8 +25,6 @@ from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import ClockEventReason, GpuSample
 from trainmedic.resilience.classify import FailureClass, FailureEvidence, classify_failure
-
-from .builders import T0, make_event, make_gpu, make_gpu_series, make_record, make_steps
 
 CATALOGUE = Path(__file__).resolve().parents[1] / "gpu" / "data" / "xid_catalogue.csv"
 BUS = "0000:3b:00.0"

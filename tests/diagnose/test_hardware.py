@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from support.builders import T0, during, make_event, make_gpu_series, make_record, make_steps
 from trainmedic.diagnose.hardware import hardware_faults
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import EccCounts, GpuSample, RemappedRows
 from trainmedic.record.types import RunEvent
-
-from .builders import T0, during, make_event, make_gpu_series, make_record, make_steps
 
 TH = Thresholds()
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from support.builders import (
+    GIB,
+    make_gpu_series,
+    make_host_series,
+    make_machine,
+    make_record,
+    make_steps,
+)
 from trainmedic.diagnose import RULES, diagnose_run
 from trainmedic.findings.model import Category, Severity
 from trainmedic.record.types import RunRecord
 
-from .builders import GIB, make_gpu_series, make_host_series, make_machine, make_record, make_steps
 from .canonical import healthy_cpu, healthy_gpu
 
 

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmedic.diagnose import diagnose_run
-from trainmedic.diagnose.host_time import host_time
-from trainmedic.diagnose.input_bound import input_bound
-from trainmedic.diagnose.thresholds import Thresholds
-from trainmedic.diagnose.view import RunView
-from trainmedic.findings.model import Category, Severity
-from trainmedic.record.types import RunRecord
-
-from .builders import (
+from support.builders import (
     JOB_PID,
     make_activity,
     make_gpu_series,
@@ -21,6 +13,13 @@ from .builders import (
     make_record,
     make_steps,
 )
+from trainmedic.diagnose import diagnose_run
+from trainmedic.diagnose.host_time import host_time
+from trainmedic.diagnose.input_bound import input_bound
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.diagnose.view import RunView
+from trainmedic.findings.model import Category, Severity
+from trainmedic.record.types import RunRecord
 
 TH = Thresholds()
 

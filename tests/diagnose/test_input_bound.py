@@ -14,7 +14,7 @@ from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.record.types import RunRecord
 
-from .builders import (
+from support.builders import (
     GIB,
     JOB_PID,
     MIB,
@@ -28,6 +28,14 @@ from .builders import (
     make_record,
     make_steps,
 )
+from trainmedic.diagnose import diagnose_run
+from trainmedic.diagnose.input_bound import input_bound, recommended_workers
+from trainmedic.diagnose.shm import shm_too_small
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.diagnose.view import RunView
+from trainmedic.doctor.facts import MachineFacts
+from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.record.types import RunRecord
 
 TH = Thresholds()
 

@@ -6,13 +6,12 @@ from dataclasses import replace
 
 import pytest
 
+from support.builders import GIB, make_event, make_gpu_series, make_record, make_steps
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.record.types import RunRecord
-
-from .builders import GIB, make_event, make_gpu_series, make_record, make_steps
 
 TH = Thresholds()
 

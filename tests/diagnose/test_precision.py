@@ -6,13 +6,12 @@ from typing import Any
 
 import pytest
 
+from support.builders import make_gpu, make_gpu_series, make_machine, make_record, make_steps
 from trainmedic.diagnose.precision import no_mixed_precision
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Severity
 from trainmedic.record.types import RunRecord
-
-from .builders import make_gpu, make_gpu_series, make_machine, make_record, make_steps
 
 TH = Thresholds()
 

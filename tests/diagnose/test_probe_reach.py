@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.builders import JOB_PID, make_event, make_record, make_steps
 from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.probe_reach import probe_reach
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Severity
-
-from .builders import JOB_PID, make_event, make_record, make_steps
 
 TH = Thresholds()
 

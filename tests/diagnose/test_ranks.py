@@ -6,7 +6,8 @@ import random
 from collections.abc import Callable, Sequence
 
 import pytest
-from tests.diagnose.builders import (
+
+from support.builders import (
     T0,
     make_activity,
     make_event,
@@ -14,7 +15,6 @@ from tests.diagnose.builders import (
     make_loader,
     make_record,
 )
-
 from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.ranks import DEFAULT_RANK_THRESHOLDS, compare_ranks
 from trainmedic.gpu.types import ClockEventReason
@@ -252,7 +252,7 @@ def test_collective_timeout_fits_the_longest_gap() -> None:
 
 
 def test_a_single_process_run_gets_no_distributed_finding() -> None:
-    from tests.diagnose.builders import make_steps
+    from support.builders import make_steps
 
     record = make_record(make_steps(80, 0.02))
     assert not [i for i in by_id(record) if i.startswith("distributed.")]

@@ -6,14 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from trainmedic.diagnose.stalls import epoch_lengths, find_stalls, stalls
-from trainmedic.diagnose.thresholds import Thresholds
-from trainmedic.diagnose.view import RunView
-from trainmedic.findings.model import Category, Finding, Severity
-from trainmedic.gpu.types import ClockEventReason as R
-from trainmedic.record.types import RunRecord, StepRecord
-
-from .builders import (
+from support.builders import (
     T0,
     during,
     make_activity,
@@ -24,6 +17,12 @@ from .builders import (
     make_steps,
     make_window,
 )
+from trainmedic.diagnose.stalls import epoch_lengths, find_stalls, stalls
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.diagnose.view import RunView
+from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu.types import ClockEventReason as R
+from trainmedic.record.types import RunRecord, StepRecord
 
 TH = Thresholds()
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from support.builders import T0, during, make_gpu, make_gpu_series, make_record, make_steps
 from trainmedic.diagnose.thermal import active_reasons, throttling
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import ClockEventReason as R
 from trainmedic.record.types import RunRecord
-
-from .builders import T0, during, make_gpu, make_gpu_series, make_record, make_steps
 
 TH = Thresholds()
 

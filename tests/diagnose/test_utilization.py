@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from support.builders import (
+    GIB,
+    make_gpu_series,
+    make_host_series,
+    make_loader,
+    make_record,
+    make_steps,
+)
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.utilization import host_overhead, small_batch
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Severity
 from trainmedic.record.types import RunRecord
-
-from .builders import GIB, make_gpu_series, make_host_series, make_loader, make_record, make_steps
 
 TH = Thresholds()
 

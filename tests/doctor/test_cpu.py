@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import finding_keys, make_cpu_facts, make_facts, make_host_facts
 
+from support.facts import finding_keys, make_cpu_facts, make_facts, make_host_facts
 from trainmedic.doctor.checks.cpu import (
     CHECKS,
     check_thread_env,

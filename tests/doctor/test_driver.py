@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import (
+
+from support.facts import (
     finding_keys,
     make_driver,
     make_facts,
@@ -11,7 +12,6 @@ from builders import (
     make_host_facts,
     make_torch_build,
 )
-
 from trainmedic.doctor.checks.driver import (
     CHECKS,
     check_cuda_runtime,

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from builders import finding_keys
 
+from support.facts import finding_keys
 from trainmedic.doctor.checks import thermal
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.doctor.gather import DoctorRequest, gather_facts, gpu_facts

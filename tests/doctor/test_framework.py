@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import GIB, finding_keys, make_facts, make_gpu_sample, make_host_facts
 
+from support.facts import GIB, finding_keys, make_facts, make_gpu_sample, make_host_facts
 from trainmedic.doctor.checks.framework import (
     CHECKS,
     alloc_conf_problems,

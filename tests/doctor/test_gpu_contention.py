@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import (
+
+from support.facts import (
     GIB,
     USER,
     finding_keys,
@@ -12,7 +13,6 @@ from builders import (
     make_loaded_gpu_sample,
     make_process,
 )
-
 from trainmedic.doctor.checks.gpu_contention import (
     CHECKS,
     check_busy_without_user,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import finding_keys, make_facts, make_gpu_sample, make_loaded_gpu_sample
 
+from support.facts import finding_keys, make_facts, make_gpu_sample, make_loaded_gpu_sample
 from trainmedic.doctor.checks.hardware import CHECKS, check_memory_errors, check_pcie_link
 from trainmedic.gpu.types import EccCounts, PcieLink, RemappedRows
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builders import (
+from support.facts import (
     GIB,
     finding_keys,
     make_cpu_facts,
@@ -10,7 +10,6 @@ from builders import (
     make_host_facts,
     make_memory_facts,
 )
-
 from trainmedic.doctor.checks.host_contention import (
     CHECKS,
     check_others_cpu,

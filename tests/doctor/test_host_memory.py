@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builders import GIB, finding_keys, make_facts, make_host_facts, make_memory_facts
-
+from support.facts import GIB, finding_keys, make_facts, make_host_facts, make_memory_facts
 from trainmedic.doctor.checks.host_memory import (
     CHECKS,
     check_cgroup_near_limit,

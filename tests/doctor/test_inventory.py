@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from builders import finding_keys, make_driver, make_facts, make_gpu_sample
-
+from support.facts import finding_keys, make_driver, make_facts, make_gpu_sample
 from trainmedic.doctor.checks.inventory import (
     CHECKS,
     check_driver_presence,

@@ -6,8 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from builders import finding_keys, make_facts
 
+from support.facts import finding_keys, make_facts
 from trainmedic.doctor.checks.network import (
     CHECKS,
     check_latency,

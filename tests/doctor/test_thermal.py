@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import finding_keys, make_facts, make_gpu_sample, make_loaded_gpu_sample
 
+from support.facts import finding_keys, make_facts, make_gpu_sample, make_loaded_gpu_sample
 from trainmedic.doctor.checks.thermal import (
     CHECKS,
     check_clock_events,

@@ -11,16 +11,8 @@ from typing import Any
 
 import pytest
 
-from trainmedic.host.gather import (
-    DEFAULT_WINDOW_S,
-    TRAINING_ENV_VARS,
-    CpuTimes,
-    MemoryReading,
-    ProcessReading,
-    PsutilProbe,
-    gather_host_facts,
-    read_shm,
-)
+from trainmedic.host.gather import DEFAULT_WINDOW_S, TRAINING_ENV_VARS, gather_host_facts, read_shm
+from trainmedic.host.system import CpuTimes, MemoryReading, ProcessReading, PsutilProbe
 from trainmedic.host.types import HostFacts, HostProcess
 
 GIB = 1 << 30

@@ -17,7 +17,8 @@ from typing import ClassVar
 import pytest
 
 from trainmedic.errors import InputError
-from trainmedic.host.netprobe import AddrInfo, measure_network, parse_target
+from trainmedic.host.netprobe import AddrInfo, measure_network
+from trainmedic.host.nettarget import parse_target
 
 MIB = 1024 * 1024
 BLOB_BYTES = 4 * MIB

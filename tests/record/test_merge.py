@@ -59,7 +59,7 @@ def test_without_common_steps_wall_clocks_are_kept() -> None:
 
 
 def test_same_host_names_are_told_apart_and_gpus_renumbered() -> None:
-    from tests.diagnose.builders import make_gpu
+    from support.builders import make_gpu
 
     whole = ddp_record(ranks=2)
     a = split_node(whole, {0}, 0.0, "vm")

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from trainmedic.gpu.types import GpuProcess, GpuSample
+from support import builders
+from trainmedic.gpu.types import GpuSample
 from trainmedic.record.stats import (
     all_spans,
     split_steps,
@@ -15,67 +16,29 @@ from trainmedic.record.stats import (
     warmup_length,
     weighted_quantile,
 )
-from trainmedic.record.types import HostSample, RunMeta, RunRecord, StepRecord, StepWindow
+from trainmedic.record.types import HostSample, RunRecord, StepRecord, StepWindow
 
-T0 = 1_700_000_000.0
+T0 = builders.T0
 
 
-def make_steps(
-    durations: list[float],
-    *,
-    wait: float = 0.0,
-    compute: float | None = None,
-    gpu_time: float | None = None,
-    samples: int | None = None,
-    pid: int = 100,
-    rank: int | None = None,
-    start: float = T0,
-    first_step: int = 1,
-    phase: str = "train",
-) -> list[StepRecord]:
-    steps, t = [], start
-    for i, d in enumerate(durations):
-        t += d
-        steps.append(
-            StepRecord(
-                step=first_step + i,
-                t=t,
-                duration_s=d,
-                data_wait_s=wait,
-                compute_s=compute,
-                gpu_time_s=gpu_time,
-                samples=samples,
-                pid=pid,
-                rank=rank,
-                phase=phase,
-            )
-        )
-    return steps
+def make_steps(durations: list[float], *, pid: int = 100, **kw: Any) -> list[StepRecord]:
+    return builders.make_steps(len(durations), durations=durations, pid=pid, **kw)
 
 
 def make_record(**parts: Any) -> RunRecord:
-    meta = RunMeta(run_id="r", command=("python", "t.py"), cwd="/", started_at=T0)
-    return RunRecord(meta=meta, **parts)
+    # A run still open: no end time, so no wall time unless the test gives one.
+    return builders.make_record(ended_at=None, **parts)
 
 
 def make_host(
     t: float, *, job_cpu_pct: float = 150.0, usable: float = 8.0, others_pct: float | None = 20.0
 ) -> HostSample:
-    return HostSample(
-        t=t,
+    return builders.make_host(
+        t,
         job_cpu_pct=job_cpu_pct,
-        job_rss_bytes=2 << 30,
-        job_processes=3,
-        system_cpu_pct=30.0,
         usable_cores=usable,
-        iowait_pct=1.0,
-        disk_read_bytes_per_s=1e6,
-        disk_write_bytes_per_s=0.0,
-        net_recv_bytes_per_s=2e6,
-        net_sent_bytes_per_s=0.0,
-        mem_available_bytes=8 << 30,
-        swap_used_bytes=0,
         others_cpu_pct=others_pct,
+        job_rss_bytes=2 << 30,
     )
 
 
@@ -87,18 +50,8 @@ def make_gpu(
     used: int = 10 << 30,
     pids: tuple[int, ...] = (),
 ) -> GpuSample:
-    return GpuSample(
-        timestamp=t,
-        index=index,
-        name="NVIDIA A100",
-        uuid=f"GPU-{index}",
-        memory_total_bytes=40 << 30,
-        memory_used_bytes=used,
-        utilization_gpu_pct=util,
-        temperature_c=60.0,
-        power_draw_w=250.0,
-        sm_clock_mhz=1400.0,
-        processes=tuple(GpuProcess(pid=p) for p in pids),
+    return builders.make_gpu(
+        t, index=index, utilization_gpu_pct=util, memory_used_bytes=used, job_pids=pids
     )
 
 

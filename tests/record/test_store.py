@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from support import builders
 from trainmedic.errors import RunDirectoryError
-from trainmedic.gpu.types import EccCounts, GpuProcess, GpuSample, PcieLink, RemappedRows
+from trainmedic.gpu.types import EccCounts, GpuSample, PcieLink, RemappedRows
 from trainmedic.record import store as store_module
 from trainmedic.record.store import (
     CAPPED_EVENT,
@@ -74,64 +75,39 @@ def make_full_step() -> StepRecord:
 
 
 def make_gpu(t: float, index: int = 0, util: float = 97.5, **kw: object) -> GpuSample:
-    base = GpuSample(
-        timestamp=t,
-        index=index,
-        name="NVIDIA H100 80GB HBM3",
-        uuid=f"GPU-0000-{index}",
-        memory_total_bytes=85_899_345_920,
-        memory_used_bytes=60_000_000_000,
-        utilization_gpu_pct=util,
-        utilization_memory_pct=40.5,
-        temperature_c=71.0,
-        temperature_slowdown_c=87.0,
-        temperature_shutdown_c=92.0,
-        power_draw_w=612.3,
-        power_limit_w=700.0,
-        sm_clock_mhz=1980.0,
-        sm_clock_max_mhz=1980.0,
-        clock_event_reasons=0,
-        ecc=EccCounts(0, 0, 1, 0),
-        retired_pages_pending=False,
-        remapped_rows=RemappedRows(0, 0, False, False),
-        pcie=PcieLink(5, 5, 5, 16, 16, 1234, 5678),
-        processes=(GpuProcess(4242, 59_000_000_000, "me", "python"),),
-        persistence_mode=True,
-        compute_capability=(9, 0),
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """A reading with every field set, so a round trip covers the whole codec."""
+    fields: dict[str, object] = {
+        "utilization_gpu_pct": util,
+        "ecc": EccCounts(0, 0, 1, 0),
+        "retired_pages_pending": False,
+        "remapped_rows": RemappedRows(0, 0, False, False),
+        "pcie": PcieLink(5, 5, 5, 16, 16, 1234, 5678),
+        "persistence_mode": True,
+        **kw,
+    }
+    return builders.make_gpu(t, index=index, **fields)
 
 
 def make_host(t: float, **kw: object) -> HostSample:
-    base = HostSample(
-        t=t,
-        job_cpu_pct=412.5,
-        job_rss_bytes=8_000_000_000,
-        job_processes=9,
-        system_cpu_pct=35.5,
-        usable_cores=16.0,
-        iowait_pct=1.5,
-        disk_read_bytes_per_s=123_456_789.0,
-        disk_write_bytes_per_s=1_000.0,
-        net_recv_bytes_per_s=None,
-        net_sent_bytes_per_s=42.0,
-        mem_available_bytes=100_000_000_000,
-        swap_used_bytes=0,
-        others_cpu_pct=12.5,
-        cgroup_throttled_s=0.5,
-        steal_pct=0.4,
-        train_threads=8,
-        train_cpu_cores=7.912,
-        train_wait_cores=0.123,
-        train_wait_max_share=0.031,
-        helper_cpu_cores=3.333,
-        helper_wait_cores=0.245,
-        loader_cpu_cores=11.875,
-        loader_wait_cores=1.234,
-        job_wait_cores=1.602,
-        job_threads=412,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """A reading with every field set, so a round trip covers the whole codec."""
+    fields: dict[str, object] = {
+        "net_recv_bytes_per_s": None,  # a counter the host could not read
+        "net_sent_bytes_per_s": 42.0,  # rates are stored in whole bytes per second
+        "cgroup_throttled_s": 0.5,
+        "steal_pct": 0.4,
+        "train_threads": 8,
+        "train_cpu_cores": 7.912,
+        "train_wait_cores": 0.123,
+        "train_wait_max_share": 0.031,
+        "helper_cpu_cores": 3.333,
+        "helper_wait_cores": 0.245,
+        "loader_cpu_cores": 11.875,
+        "loader_wait_cores": 1.234,
+        "job_wait_cores": 1.602,
+        "job_threads": 412,
+        **kw,
+    }
+    return builders.make_host(t, **fields)
 
 
 def make_busy_gpu(second: int, index: int) -> GpuSample:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainmedic.errors import InputError, RunDirectoryError, UsageError
-from trainmedic.host.netprobe import parse_target
+from trainmedic.host.nettarget import parse_target
 from trainmedic.ostext import printable
 from trainmedic.supervise.resume import ResumePoint, parse_resume_template, resume_arguments
 from trainmedic.supervise.rundir import check_run_dir

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.builders import T0
 from diagnose.canonical import CANONICAL
+from support.builders import T0
 from trainmedic.errors import InputError
 from trainmedic.findings.model import Category, Finding, FindingsDocument, Severity
 from trainmedic.record.store import RunRecordWriter

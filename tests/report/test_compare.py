@@ -7,16 +7,16 @@ import random
 
 import pytest
 
+from support import builders
 from trainmedic.findings.model import Category, Finding, Severity
-from trainmedic.record.types import HostSample, RunMeta, RunRecord, StepRecord
+from trainmedic.record.types import HostSample, RunRecord, StepRecord
 from trainmedic.report.compare import MIN_STEPS, compare_runs
 
 T0 = 1_700_000_000.0
 
 
 def make_record(steps: list[StepRecord]) -> RunRecord:
-    meta = RunMeta("r", ("python", "train.py"), "/w", T0, steps[-1].t + 1 if steps else T0, 0)
-    return RunRecord(meta=meta, steps=steps)
+    return builders.make_record(steps)
 
 
 def host_series(n: int, wait: float) -> list[HostSample]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from support import builders
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import (
@@ -21,7 +22,8 @@ from trainmedic.record.types import (
     StepRecord,
     StepWindow,
 )
-from trainmedic.report.html import MAX_POINTS, render_html_report, write_html_report
+from trainmedic.report.html import render_html_report, write_html_report
+from trainmedic.report.html_plots import MAX_POINTS
 
 T0 = 1_700_000_000.0
 XSS = '<script>alert("x")</script>'
@@ -61,39 +63,24 @@ def make_steps(count: int, start: float = T0 + 5.0, pid: int = 7) -> list[StepRe
 
 
 def make_gpu(t: float, index: int = 0) -> GpuSample:
-    return GpuSample(
-        timestamp=t,
-        index=index,
-        name="NVIDIA H100",
-        uuid=f"GPU-{index}",
-        memory_total_bytes=80 * 2**30,
-        memory_used_bytes=40 * 2**30,
-        utilization_gpu_pct=55.0,
-        temperature_c=70.0,
-        sm_clock_mhz=1980.0,
-    )
+    return builders.make_gpu(t, index=index, utilization_gpu_pct=55.0, temperature_c=70.0)
 
 
 def make_host(t: float) -> HostSample:
-    return HostSample(
-        t=t,
+    return builders.make_host(
+        t,
         job_cpu_pct=350.0,
-        job_rss_bytes=2**33,
-        job_processes=5,
-        system_cpu_pct=40.0,
         usable_cores=8.0,
         iowait_pct=2.0,
         disk_read_bytes_per_s=5e7,
         disk_write_bytes_per_s=1e6,
         net_recv_bytes_per_s=None,
         net_sent_bytes_per_s=None,
-        mem_available_bytes=2**34,
-        swap_used_bytes=0,
     )
 
 
 def make_record(**kw: object) -> RunRecord:
-    record = RunRecord(
+    record = builders.make_record(
         meta=make_meta(),
         steps=make_steps(200),
         windows=[

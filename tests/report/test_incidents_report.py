@@ -6,8 +6,9 @@ import io
 
 from rich.console import Console
 
+from support import builders
 from trainmedic.diagnose import diagnose_run
-from trainmedic.record.types import RunEvent, RunMeta, RunRecord
+from trainmedic.record.types import RunEvent, RunRecord
 from trainmedic.report.html import render_html_report
 from trainmedic.report.incidents import incidents_html, render_incidents
 from trainmedic.resilience.incidents import AttemptSummary, attempt_event
@@ -16,15 +17,8 @@ T0 = 1_700_000_000.0
 
 
 def make_record(*attempts: AttemptSummary) -> RunRecord:
-    return RunRecord(
-        meta=RunMeta(
-            run_id="r",
-            command=("python", "train.py"),
-            cwd="/tmp",
-            started_at=T0,
-            ended_at=T0 + 100.0,
-            exit_code=0,
-        ),
+    return builders.make_record(
+        ended_at=T0 + 100.0,
         events=[attempt_event(a, a.ended_at) for a in attempts]
         + [RunEvent(T0 + 1, "process_start", "process 1: train.py", 1)],
     )

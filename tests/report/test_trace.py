@@ -8,11 +8,9 @@ from typing import Any
 
 import pytest
 
-from trainmedic.gpu.types import GpuSample
+from support import builders
 from trainmedic.record.types import (
-    HostSample,
     RunEvent,
-    RunMeta,
     RunRecord,
     StepRecord,
     StepWindow,
@@ -23,8 +21,8 @@ T0 = 1_700_000_000.0
 
 
 def make_record() -> RunRecord:
-    return RunRecord(
-        meta=RunMeta(run_id="r", command=("python", "t.py"), cwd="/", started_at=T0),
+    return builders.make_record(
+        ended_at=None,
         steps=[
             StepRecord(1, T0 + 1.0, 0.5, data_wait_s=0.2, compute_s=0.25, pid=11, rank=0),
             StepRecord(2, T0 + 1.5, 0.5, data_wait_s=0.0, compute_s=None, pid=11, rank=0),
@@ -45,12 +43,10 @@ def make_record() -> RunRecord:
             )
         ],
         gpu=[
-            GpuSample(
-                T0 + s, 0, "H100", "GPU-0", memory_used_bytes=2 * 1024**3, utilization_gpu_pct=90.0
-            )
+            builders.make_gpu(T0 + s, memory_used_bytes=2 * 1024**3, utilization_gpu_pct=90.0)
             for s in range(3)
         ],
-        host=[HostSample(T0 + 1, 250.0, 1, 3, 30.0, 8.0, None, None, None, None, None, 1, 0)],
+        host=[builders.make_host(T0 + 1, job_cpu_pct=250.0, others_cpu_pct=None)],
         events=[
             RunEvent(T0 + 5.0, "stall", "no step for 60 s", pid=11, data={"waited_s": 60}),
             RunEvent(T0 + 6.0, "restart", "attempt 2", pid=None),

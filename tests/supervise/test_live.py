@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from support import builders
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
 from trainmedic.supervise.live import MIN_CERTAIN_STEPS, LiveAggregate
@@ -27,35 +28,14 @@ def make_step(
 
 
 def make_gpu(t: float, util: float, used: int = 10 * GIB, **kw: object) -> GpuSample:
-    return GpuSample(
-        timestamp=t,
-        index=0,
-        name="NVIDIA A100",
-        uuid="GPU-0",
-        memory_total_bytes=80 * GIB,
-        memory_used_bytes=used,
-        utilization_gpu_pct=util,
-        temperature_c=60.0,
-        **kw,
-    )  # type: ignore[arg-type]
+    fields: dict[str, object] = {"temperature_c": 60.0, **kw}
+    return builders.make_gpu(
+        t, utilization_gpu_pct=util, memory_total_bytes=80 * GIB, memory_used_bytes=used, **fields
+    )
 
 
 def make_host(cpu_pct: float) -> HostSample:
-    return HostSample(
-        t=1.0,
-        job_cpu_pct=cpu_pct,
-        job_rss_bytes=1,
-        job_processes=3,
-        system_cpu_pct=50.0,
-        usable_cores=8.0,
-        iowait_pct=0.0,
-        disk_read_bytes_per_s=0.0,
-        disk_write_bytes_per_s=0.0,
-        net_recv_bytes_per_s=0.0,
-        net_sent_bytes_per_s=0.0,
-        mem_available_bytes=GIB,
-        swap_used_bytes=0,
-    )
+    return builders.make_host(1.0, job_cpu_pct=cpu_pct, usable_cores=8.0, mem_available_bytes=GIB)
 
 
 def test_rates_and_shares_come_from_the_recent_steps() -> None:

@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.diagnose.builders import T0, make_gpu, make_host
 
+from support.builders import T0, make_gpu, make_host
 from trainmedic.errors import UsageError
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import ClockEventReason

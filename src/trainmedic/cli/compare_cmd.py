@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
 
@@ -24,15 +25,7 @@ from trainmedic.errors import InputError, UsageError
 @click.command("compare")
 @click.argument("before", metavar="RUN_A")
 @click.argument("after", metavar="RUN_B")
-@click.option(
-    "--json",
-    "json_out",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[FILE]",
-    help="Write the comparison as JSON to FILE, or to stdout when no FILE is given.",
-)
+@json_option("the comparison")
 @click.option("--html", "html_out", metavar="FILE", help="Write the comparison as an HTML page.")
 @click.option(
     "--force", is_flag=True, help="Replace an existing --json/--html file trainmedic did not write."
@@ -64,10 +57,10 @@ def compare(
     """Compare the run RUN_B (after a change) with RUN_A (before it): throughput with its
     confidence interval and a verdict (faster, slower, no_change), step-time breakdown,
     data wait, GPU use, and the findings resolved, still present or new."""
-    from trainmedic.cli.report_cmd import load_or_diagnose
     from trainmedic.record.store import load_run_record
     from trainmedic.report.compare import compare_runs
     from trainmedic.report.compare_view import render_comparison, render_comparison_html
+    from trainmedic.report.run_findings import load_or_diagnose
 
     dirs = (Path(before), Path(after))
     for flag, value in (("--json", json_out), ("--html", html_out)):

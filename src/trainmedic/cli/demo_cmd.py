@@ -29,9 +29,7 @@ from trainmedic.demo.scenarios import (
     dataset_dir,
 )
 from trainmedic.errors import RunDirectoryError
-
-FINDINGS_FILE = "findings.json"
-HTML_FILE = "report.html"
+from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE
 
 
 @click.command("demo")

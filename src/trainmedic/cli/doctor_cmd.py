@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
+from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, json_option, simulate_option
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Finding, FindingsDocument
@@ -35,15 +34,7 @@ from trainmedic.findings.model import Finding, FindingsDocument
     metavar="SECONDS",
     help="Time budget for each of the --data-dir and --data-url measurements.",
 )
-@click.option(
-    "--json",
-    "json_out",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[FILE]",
-    help="Write the findings document as JSON to FILE, or to stdout when no FILE is given.",
-)
+@json_option("the findings document")
 @click.option(
     "--fail-on",
     type=click.Choice(FAIL_ON_CHOICES),
@@ -72,7 +63,7 @@ def doctor(
     the storage and network the training data comes from."""
     from trainmedic.doctor.gather import DoctorRequest, gather_facts
     from trainmedic.doctor.runner import run_checks
-    from trainmedic.host.netprobe import parse_target
+    from trainmedic.host.nettarget import parse_target
     from trainmedic.host.storage import validate_data_dir
 
     # Validate every user input before measuring anything, so a typo costs nothing.
@@ -94,10 +85,10 @@ def doctor(
         "doctor", findings, created_at=time.time(), context=_context(facts, simulate)
     )
     if json_out == "-":
-        sys.stdout.write(json.dumps(document.to_dict(), indent=2) + "\n")
+        sys.stdout.write(document.to_json())
     else:
         if "--json" in outputs:
-            data = json.dumps(document.to_dict(), indent=2) + "\n"
+            data = document.to_json()
             write_output(outputs["--json"], lambda f: f.write(data))
         _print_report(facts, list(document.findings), brief)
     return exit_code_for(document.findings, fail_on)
@@ -122,3 +113,6 @@ def _print_report(facts: MachineFacts, findings: list[Finding], brief: bool) -> 
     from trainmedic.report.terminal import render_findings
 
     render_findings(console, findings, render_heading, show_info=not brief)
+
+
+COMMAND = doctor

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import click
 
 from trainmedic import __version__
+from trainmedic.cli import compare_cmd, demo_cmd, doctor_cmd, report_cmd, run_cmd, tune_cmd
 from trainmedic.errors import TrainmedicError
 from trainmedic.ostext import printable
 
@@ -37,24 +38,15 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
-    from trainmedic.cli.doctor_cmd import doctor
-
-    cli.add_command(doctor)
-    # Commands of later parts register themselves here when their module exists.
-    import importlib
-
-    for name in ("run_cmd", "report_cmd", "demo_cmd", "tune_cmd", "compare_cmd"):
-        try:
-            module = importlib.import_module(f"trainmedic.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"trainmedic.cli.{name}":
-                raise
-            continue
-        cli.add_command(module.COMMAND)
-
-
-_register()
+for _command in (
+    doctor_cmd.COMMAND,
+    run_cmd.COMMAND,
+    report_cmd.COMMAND,
+    demo_cmd.COMMAND,
+    tune_cmd.COMMAND,
+    compare_cmd.COMMAND,
+):
+    cli.add_command(_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

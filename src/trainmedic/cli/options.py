@@ -25,10 +25,23 @@ def simulate_option(fn: F) -> F:
     )(fn)
 
 
+def json_option(what: str, note: str = "") -> Callable[[F], F]:
+    """``--json [FILE]``: write ``what`` as JSON to FILE, or to stdout when the
+    flag comes without one (the value is then ``"-"``)."""
+    return click.option(
+        "--json",
+        "json_out",
+        is_flag=False,
+        flag_value="-",
+        default=None,
+        metavar="[FILE]",
+        help=f"Write {what} as JSON to FILE, or to stdout when no FILE is given{note}.",
+    )
+
+
 def exit_code_for(findings: Iterable[Finding], fail_on: str) -> int:
     """1 when a finding reaches the ``--fail-on`` severity, else 0."""
     if fail_on == "never":
         return 0
     threshold = Severity(fail_on).rank
     return 1 if any(f.severity.rank >= threshold for f in findings) else 0
-

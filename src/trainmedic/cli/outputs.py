@@ -24,11 +24,9 @@ earlier one was.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from trainmedic import jsonfile
+from trainmedic.atomicfile import atomic_writer
 from trainmedic.errors import InputError, UsageError
 from trainmedic.jsonfile import FIFO_WAIT_S
 from trainmedic.ostext import path_problem, printable
@@ -65,13 +64,13 @@ class Output:
 def record_names() -> frozenset[str]:
     """The names of a run directory's own files, never written by an export."""
     from trainmedic.probe import env as probe_env
-    from trainmedic.record.store import LINE_FILES, META_FILE
+    from trainmedic.record.layout import FINDINGS_FILE, LINE_FILES, META_FILE
 
     return frozenset(
         {
             *LINE_FILES,
             META_FILE,
-            "findings.json",
+            FINDINGS_FILE,
             "stdout.log",
             "stderr.log",
             "output.log",
@@ -243,20 +242,6 @@ def _open_stream(target: Path, wait_s: float = FIFO_WAIT_S) -> int:
 
 
 def _replace(target: Path, produce: Callable[[IO[str]], object]) -> None:
-    try:
-        mode: int | None = stat.S_IMODE(target.stat().st_mode)
-    except OSError:
-        mode = None
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:200]}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-            produce(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # A file being replaced keeps its permissions (the user's own export target).
+    with atomic_writer(target, keep_mode=True) as f:
+        produce(f)

@@ -9,34 +9,24 @@ never over a file trainmedic did not write for that purpose (the rules are in
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import click
 from rich.console import Console
 
+from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import check_outputs, write_output
-from trainmedic.errors import InputError, RunDirectoryError
-from trainmedic.findings.model import Finding, FindingsDocument
+from trainmedic.errors import InputError
+from trainmedic.findings.model import Finding
 from trainmedic.ostext import path_problem, printable
 from trainmedic.record.types import RunRecord
-
-FINDINGS_FILE = "findings.json"
+from trainmedic.report.run_findings import diagnose_merged, load_or_diagnose
 
 
 @click.command("report")
 @click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True)
-@click.option(
-    "--json",
-    "json_out",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[FILE]",
-    help="Write the findings document as JSON to FILE, or to stdout when no FILE is given.",
-)
+@json_option("the findings document")
 @click.option("--html", "html_out", metavar="FILE", help="Write a self-contained HTML report.")
 @click.option(
     "--trace",
@@ -94,12 +84,12 @@ def report(
     findings = list(document.findings)
 
     to_stdout = json_out == "-"
+    data = document.to_json()
     if to_stdout:
-        sys.stdout.write(json.dumps(document.to_dict(), indent=2) + "\n")
+        sys.stdout.write(data)
     else:
         _print_report(record, findings, brief)
     if "--json" in outputs:
-        data = json.dumps(document.to_dict(), indent=2) + "\n"
         write_output(outputs["--json"], lambda f: f.write(data))
     if "--html" in outputs:
         from trainmedic.report.html import render_html_report
@@ -120,53 +110,6 @@ def _same_dir(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
-
-
-def diagnose_merged(record: RunRecord) -> FindingsDocument:
-    """The findings of several nodes' runs merged into one record."""
-    from trainmedic.diagnose import diagnose_run
-
-    nodes = record.meta.environment.get("nodes") or []
-    return FindingsDocument.build(
-        "run",
-        diagnose_run(record),
-        created_at=time.time(),
-        context={
-            "run_id": record.meta.run_id,
-            "command": list(record.meta.command),
-            "merged": True,
-            "nodes": nodes,
-        },
-    )
-
-
-def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
-    """The run's findings: its findings.json, else a fresh diagnosis of ``record``."""
-    from trainmedic.findings.reading import read_findings_document
-
-    path = run_dir / FINDINGS_FILE
-    try:
-        present = path.is_file()
-    except OSError as exc:
-        raise RunDirectoryError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
-    if present:
-        return read_findings_document(path)
-    try:
-        from trainmedic.diagnose import diagnose_run
-    except ImportError:
-        raise RunDirectoryError(
-            f"{run_dir} has no {FINDINGS_FILE} and this trainmedic cannot diagnose runs"
-        ) from None
-    return FindingsDocument.build(
-        "run",
-        diagnose_run(record),
-        created_at=time.time(),
-        context={
-            "run_id": record.meta.run_id,
-            "command": list(record.meta.command),
-            "rediagnosed": True,
-        },
-    )
 
 
 def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> None:

@@ -8,33 +8,30 @@ summary with the findings is printed to stderr at the end.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 
+from trainmedic.atomicfile import write_atomic
 from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
 from trainmedic.cli.resilience_options import resilience_options
 from trainmedic.errors import UsageError
-from trainmedic.findings.model import Finding, FindingsDocument
+from trainmedic.findings.model import Finding
 from trainmedic.ostext import printable
 from trainmedic.record.guard import record_loss_finding
+from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE
+from trainmedic.report.run_findings import run_document
 
 if TYPE_CHECKING:
     from trainmedic.record.types import RunRecord
     from trainmedic.supervise.attempts import ResilienceOptions
     from trainmedic.supervise.metrics_server import Exporter
     from trainmedic.supervise.session import RunOutcome
-
-FINDINGS_FILE = "findings.json"
-HTML_FILE = "report.html"
 
 
 @click.command(
@@ -247,27 +244,21 @@ def _diagnose_and_report(
         return None
     if outcome.record_loss is not None:
         findings.append(record_loss_finding(outcome.record_loss, shown, outcome.started_at))
-    document = FindingsDocument.build(
-        "run",
+    document = run_document(
+        record,
         findings,
-        created_at=time.time(),
-        context={
-            "run_id": record.meta.run_id,
-            "command": list(record.meta.command),
-            "exit_code": record.meta.exit_code,
-            "run_dir": shown,
-            **({"apply_plan": plan} if plan is not None else {}),
-        },
+        exit_code=record.meta.exit_code,
+        run_dir=shown,
+        **({"apply_plan": plan} if plan is not None else {}),
     )
     ranked = list(document.findings)
-    data = json.dumps(document.to_dict(), indent=2) + "\n"
     where: Path | None = run_dir
-    if not _write_file(run_dir / FINDINGS_FILE, lambda f: f.write(data)):
+    if not _write_file(run_dir / FINDINGS_FILE, document.to_json):
         where = None
     if write_html:
         from trainmedic.report.html import render_html_report
 
-        if _write_file(run_dir / HTML_FILE, lambda f: f.write(render_html_report(record, ranked))):
+        if _write_file(run_dir / HTML_FILE, lambda: render_html_report(record, ranked)):
             where = run_dir / HTML_FILE
     with contextlib.suppress(OSError, ValueError):
         _print_summary(console, record, ranked, where, plan)
@@ -307,18 +298,10 @@ def _print_summary(
         console.print(f"\nreport: {printable(str(where))}", soft_wrap=True, markup=False)
 
 
-def _write_file(path: Path, produce: Callable[[IO[str]], object]) -> bool:
+def _write_file(path: Path, render: Callable[[], str]) -> bool:
     """Write a report file of the run (private, atomic); one line and ``False`` on failure."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-                produce(f)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, render())
     except Exception as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         _say(f"trainmedic: error: {path.name} not written: {reason}")

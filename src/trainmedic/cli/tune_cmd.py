@@ -19,21 +19,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import Output, check_outputs, write_output
 from trainmedic.errors import InputError, TrainmedicError
 
-
-def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--json",
-        "json_out",
-        is_flag=False,
-        flag_value="-",
-        default=None,
-        metavar="[FILE]",
-        help="Write the result as JSON to FILE, or to stdout when no FILE is given "
-        "(a FILE can be given to trainmedic run --apply-from).",
-    )(fn)
+_json_option = json_option("the result", " (a FILE can be given to trainmedic run --apply-from)")
 
 
 def _verbose_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ them. The JSON form is documented in docs/findings-schema.md and pinned by
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -189,6 +190,10 @@ class FindingsDocument:
             "context": _jsonable(dict(self.context)),
             "findings": [f.to_dict() for f in self.findings],
         }
+
+    def to_json(self) -> str:
+        """The document as the JSON text trainmedic writes (``findings.json``, ``--json``)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FindingsDocument:

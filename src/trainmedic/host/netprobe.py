@@ -10,8 +10,6 @@ it cannot be reached is the finding. Only a malformed target raises
 
 from __future__ import annotations
 
-import ipaddress
-import re
 import socket
 import threading
 import time
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.errors import InputError
+from trainmedic.host.nettarget import is_ip_literal, masked, parse_target
 
 if TYPE_CHECKING:
     # Imported where used: together they cost ~50 ms, and every doctor run
@@ -47,10 +46,6 @@ MAX_REDIRECTS = 5
 
 SERVER_FIRST_WAIT_S = 0.5
 """How long a host:port target may take to speak first (SSH, SMTP banners)."""
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<name>[^:\[\]]+)):(?P<port>[0-9]+)$")
-_HOSTNAME = re.compile(r"^[\w](?:[\w.-]*[\w])?$")
 
 
 @dataclass(frozen=True)
@@ -94,84 +89,6 @@ class NetworkMeasurement:
     redirects: int = 0
     final_url: str | None = None
     note: str | None = None
-
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    return True
-
-
-def _valid_host(host: str) -> bool:
-    return _is_ip_literal(host) or bool(_HOSTNAME.match(host))
-
-
-def parse_target(target: str) -> tuple[str, str, int, str]:
-    """Split a data target into ``(scheme, host, port, path)``.
-
-    Accepts ``http://`` and ``https://`` URLs (path includes the query) and
-    ``host:port`` / ``[v6addr]:port`` (scheme ``tcp``, path ``""``).
-
-    Raises:
-        InputError: naming the target, when it is none of these.
-    """
-    shown = repr(target)
-
-    def bad(problem: str) -> InputError:
-        return InputError(f"data URL {shown}: {problem}")
-
-    if not target or any(c.isspace() for c in target) or not target.isprintable():
-        raise bad("must not be empty or contain spaces or control characters")
-    if "://" in target:
-        try:
-            parts = urllib.parse.urlsplit(target)
-        except ValueError as exc:  # "Invalid IPv6 URL", a bad port spec, ...
-            raise bad(" ".join(str(exc).split()).lower() or "not a URL") from None
-        scheme = parts.scheme.lower()
-        if scheme not in _DEFAULT_PORTS:
-            raise bad(f"unsupported scheme {parts.scheme!r} (use http://, https:// or host:port)")
-        host = parts.hostname or ""
-        if not _valid_host(host):
-            raise bad("no valid host name")
-        try:
-            port = parts.port
-        except ValueError:
-            raise bad("port must be a number from 1 to 65535") from None
-        if port == 0:
-            raise bad("port must be a number from 1 to 65535")
-        path = parts.path or "/"
-        if parts.query:
-            path = f"{path}?{parts.query}"
-        return scheme, host, port or _DEFAULT_PORTS[scheme], path
-    match = _HOST_PORT.match(target)
-    if match is None:
-        raise bad("expected http://..., https://... or host:port")
-    host = match.group("v6") or match.group("name")
-    if match.group("v6") is not None:
-        try:
-            ipaddress.IPv6Address(host.split("%", 1)[0])
-        except ValueError:
-            raise bad("brackets must hold an IPv6 address") from None
-    elif not _valid_host(host):
-        raise bad("no valid host name")
-    digits = match.group("port")
-    port = int(digits) if len(digits) <= 5 else 0
-    if not 1 <= port <= 65535:
-        raise bad("port must be a number from 1 to 65535")
-    return "tcp", host, port, ""
-
-
-def _masked(target: str) -> str:
-    """``target`` without a password it may carry (reports get shared)."""
-    if "://" not in target:
-        return target
-    parts = urllib.parse.urlsplit(target)
-    if parts.password is None:
-        return target
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
 
 
 def _system_resolver(host: str, port: int) -> Sequence[AddrInfo]:
@@ -227,7 +144,7 @@ def _resolve(resolver: Resolver, host: str, port: int, deadline: _Deadline) -> S
     """Run the resolver in a thread: ``getaddrinfo`` has no timeout of its own."""
     result: list[Sequence[AddrInfo]] = []
     failure: list[BaseException] = []
-    if _is_ip_literal(host):
+    if is_ip_literal(host):
         # Nothing to look up, nothing that can hang: a thread would only add
         # its start-up time to the reading.
         try:
@@ -487,7 +404,7 @@ def measure_network(
     if hop.location is not None and error is None:
         notes.append(f"stopped after {redirects} redirects")
     return NetworkMeasurement(
-        target=_masked(target),
+        target=masked(target),
         host=host,
         port=port,
         scheme=scheme,
@@ -502,6 +419,6 @@ def measure_network(
         tls_ms=hop.tls_ms,
         address=hop.address,
         redirects=redirects,
-        final_url=_masked(url) if url is not None else None,
+        final_url=masked(url) if url is not None else None,
         note="; ".join(notes) or None,
     )

@@ -12,13 +12,13 @@ channel that is gone by the time the process dies.
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from trainmedic.atomicfile import atomic_writer
 from trainmedic.record.types import RunEvent
 
 ERRORS_DIR = "errors"
@@ -66,8 +66,11 @@ def write_error_file(run_dir: str, event: RunEvent, argv: list[str]) -> Path:
         "argv": argv,
         "type": event.data.get("type"),
     }
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    # Called from the exception hooks, with the interpreter still whole: a
+    # temporary file and a rename are as safe there as anywhere, and a reader
+    # (or a second exception from another thread) never sees half a file. No
+    # fsync: a slow disk must not hold up the dying process's exit.
+    with atomic_writer(path, durable=False) as f:
         json.dump(body, f, indent=2)
         f.write("\n")
     return path

@@ -173,12 +173,16 @@ def _instruction_at(code: CodeType, lasti: int) -> int:
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` whole or not at all (temporary file, then rename)."""
+    """Write ``data`` to ``path`` whole or not at all (temporary file, then rename).
+
+    Not ``fsync``-ed: the supervisor reads the dump at once, and a hung job's
+    disk must not hold the dump up.
+    """
     import json
 
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    # Imported here, on the probe's thread: nothing extra at the job's start-up.
+    from trainmedic.atomicfile import atomic_writer
+
+    with atomic_writer(path, durable=False) as f:
         json.dump(data, f, indent=1, default=repr)
         f.write("\n")
-    os.replace(tmp, path)

@@ -10,6 +10,10 @@ HOST_FILE = "host.jsonl"
 LOADERS_FILE = "loaders.jsonl"
 LOADER_ACTIVITY_FILE = "loader_activity.jsonl"
 EVENTS_FILE = "events.jsonl"
+FINDINGS_FILE = "findings.json"
+"""The run's findings document, written at its end (docs/findings-schema.md)."""
+HTML_FILE = "report.html"
+"""The run's HTML report, written at its end unless ``--no-html``."""
 LINE_FILES = (
     STEPS_FILE,
     WINDOWS_FILE,

@@ -5,7 +5,9 @@ supervisor's threads and appends it to JSON-lines files in a private run
 directory. It keeps the record bounded (a day at 100 steps/s stays far under
 100 MB) while keeping every anomalous step exactly: the first steps of each
 process and every step that stands out against a running median are written
-as they are; ordinary steps are folded into :class:`StepWindow` aggregates.
+as they are; ordinary steps are folded into :class:`StepWindow` aggregates
+(the rule and its state: :mod:`trainmedic.record.retention`; the files:
+:mod:`trainmedic.record.linefile`).
 :func:`load_run_record` (:mod:`trainmedic.record.reader`, importable from here
 too) reads a directory back into a :class:`RunRecord`.
 The layout, every key and the bounding rule are in docs/run-record.md.
@@ -13,17 +15,13 @@ The layout, every key and the bounding rule are in docs/run-record.md.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import statistics
 import threading
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmedic.atomicfile import atomic_writer
 from trainmedic.errors import RunDirectoryError
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record import codec
@@ -40,7 +38,17 @@ from trainmedic.record.layout import (
     STEPS_FILE,
     WINDOWS_FILE,
 )
+from trainmedic.record.linefile import FILE_MODE, LineFile, dumps, open_private
 from trainmedic.record.reader import load_run_record
+from trainmedic.record.retention import (
+    Baseline,
+    Decimator,
+    ProcessSteps,
+    RecordCounts,
+    RetentionPolicy,
+    WindowBuilder,
+    discrete_state,
+)
 from trainmedic.record.types import (
     HostSample,
     LoaderActivity,
@@ -48,7 +56,6 @@ from trainmedic.record.types import (
     RunEvent,
     RunMeta,
     StepRecord,
-    StepWindow,
 )
 
 __all__ = [
@@ -69,300 +76,6 @@ __all__ = [
 ]
 
 _DIR_MODE = 0o700
-_FILE_MODE = 0o600
-_BUFFER_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """How the writer bounds a run record (docs/run-record.md, "Bounding").
-
-    Kept exactly: each process's head, every step outside the ``train`` phase
-    or at a phase change, every step where ``alloc_retries`` or ``ooms`` grew,
-    and every step that stands out against the running medians below.
-
-    Attributes:
-        head_steps: steps of each process (pid) kept exactly from its start.
-        window_max_steps / window_max_s: an open window of ordinary steps is
-            closed when it holds this many steps or spans this many seconds.
-        baseline_steps: recent steps per (pid, phase) the running medians use.
-        baseline_refresh_steps: medians are recomputed every this many steps
-            (amortises the sort; a median moves slowly anyway).
-        min_baseline_steps: below this many baseline steps every step of that
-            (pid, phase) is kept (no baseline to compare against yet).
-        slow_factor: a step whose duration (or GPU time) exceeds this multiple of
-            the running median is anomalous.
-        data_wait_factor / data_wait_min_share: a step whose data wait exceeds
-            both ``data_wait_factor`` × the median data wait and the median data
-            wait + ``data_wait_min_share`` × the median step is anomalous.
-        max_exact_steps: cap on steps kept exactly over the whole run (head and
-            anomalies); beyond it anomalies are folded and counted as dropped.
-        full_rate_s: GPU and host samples are kept at full rate for this long
-            from the first sample of each stream, seconds.
-        decimated_interval_s: after that, at most one sample per stream per this
-            many seconds, except GPU samples whose discrete state changed
-            (clock event reasons, ECC, remapped rows, PCIe link, processes).
-        max_forced_gpu_samples: cap per GPU on samples kept for a state change
-            while decimating (a clock reason flapping every second stays bounded).
-        max_events / max_loaders / max_loader_activity: caps on those records.
-        max_event_bytes / max_loader_activity_bytes: caps on the bytes of those
-            files (tracebacks and stack frames can be long).
-        max_event_text_chars: longer strings in an event's message or data are
-            cut to their first and last characters around a ``…`` marker.
-    """
-
-    head_steps: int = 2000
-    window_max_steps: int = 1000
-    window_max_s: float = 10.0
-    baseline_steps: int = 256
-    baseline_refresh_steps: int = 64
-    min_baseline_steps: int = 16
-    slow_factor: float = 3.0
-    data_wait_factor: float = 3.0
-    data_wait_min_share: float = 0.5
-    max_exact_steps: int = 200_000
-    full_rate_s: float = 3600.0
-    decimated_interval_s: float = 5.0
-    max_forced_gpu_samples: int = 2_000
-    max_events: int = 10_000
-    max_event_bytes: int = 8 * 1024 * 1024
-    max_event_text_chars: int = 4096
-    max_loaders: int = 1_000
-    max_loader_activity: int = 10_000
-    max_loader_activity_bytes: int = 8 * 1024 * 1024
-
-
-@dataclass
-class RecordCounts:
-    """What the writer has seen, kept and dropped so far (all counts)."""
-
-    steps_seen: int = 0
-    steps_exact: int = 0
-    steps_windowed: int = 0
-    windows: int = 0
-    anomalies_dropped: int = 0
-    gpu_seen: int = 0
-    gpu_kept: int = 0
-    host_seen: int = 0
-    host_kept: int = 0
-    events_dropped: int = 0
-    loaders_dropped: int = 0
-    loader_activity_dropped: int = 0
-
-
-class _Baseline:
-    """Running medians of one (pid, phase): duration, data wait, GPU time."""
-
-    def __init__(self, size: int) -> None:
-        self.durations: deque[float] = deque(maxlen=size)
-        self.waits: deque[float] = deque(maxlen=size)
-        self.gpu_times: deque[float] = deque(maxlen=size)
-        self.since_refresh = 0
-        self.duration = 0.0
-        self.wait = 0.0
-        self.gpu_time: float | None = None
-
-    def add(self, step: StepRecord, refresh_every: int) -> None:
-        self.durations.append(step.duration_s)
-        self.waits.append(step.data_wait_s)
-        if step.gpu_time_s is not None:
-            self.gpu_times.append(step.gpu_time_s)
-        self.since_refresh += 1
-        if self.since_refresh >= refresh_every or len(self.durations) <= refresh_every:
-            self.since_refresh = 0
-            self.duration = statistics.median(self.durations)
-            self.wait = statistics.median(self.waits)
-            self.gpu_time = statistics.median(self.gpu_times) if self.gpu_times else None
-
-
-class _WindowBuilder:
-    """Sums of the ordinary steps of one process since its window opened."""
-
-    def __init__(self, step: StepRecord) -> None:
-        self.pid = step.pid
-        self.phase = step.phase
-        self.t_start = step.t - step.duration_s
-        self.t = step.t
-        self.count = 0
-        self.first_step = step.step
-        self.last_step = step.step
-        self.duration_sum = 0.0
-        self.duration_min = step.duration_s
-        self.duration_max = step.duration_s
-        self.wait_sum = 0.0
-        self.compute_sum: float | None = None
-        self.gpu_sum: float | None = None
-        self.samples_sum: int | None = None
-
-    def add(self, step: StepRecord) -> None:
-        self.count += 1
-        self.t = max(self.t, step.t)
-        self.first_step = min(self.first_step, step.step)
-        self.last_step = max(self.last_step, step.step)
-        self.duration_sum += step.duration_s
-        self.duration_min = min(self.duration_min, step.duration_s)
-        self.duration_max = max(self.duration_max, step.duration_s)
-        self.wait_sum += step.data_wait_s
-        # Sums over the steps that had the value: GPU time in particular
-        # arrives late and is missing on some steps.
-        if step.compute_s is not None:
-            self.compute_sum = (self.compute_sum or 0.0) + step.compute_s
-        if step.gpu_time_s is not None:
-            self.gpu_sum = (self.gpu_sum or 0.0) + step.gpu_time_s
-        if step.samples is not None:
-            self.samples_sum = (self.samples_sum or 0) + step.samples
-
-    def build(self) -> StepWindow:
-        return StepWindow(
-            t_start=self.t_start,
-            t=self.t,
-            count=self.count,
-            first_step=self.first_step,
-            last_step=self.last_step,
-            duration_sum_s=self.duration_sum,
-            duration_min_s=self.duration_min,
-            duration_max_s=self.duration_max,
-            data_wait_sum_s=self.wait_sum,
-            compute_sum_s=self.compute_sum,
-            gpu_time_sum_s=self.gpu_sum,
-            samples_sum=self.samples_sum,
-            pid=self.pid,
-            phase=self.phase,
-        )
-
-
-class _ProcessSteps:
-    """Per-process state: how many steps seen, baselines, the open window."""
-
-    def __init__(self) -> None:
-        self.seen = 0
-        self.phase: str | None = None
-        self.alloc_retries: int | None = None
-        self.ooms: int | None = None
-        self.baselines: dict[str, _Baseline] = {}
-        self.window: _WindowBuilder | None = None
-
-
-class _Decimator:
-    """Full rate for ``full_rate_s``, then one sample per ``interval_s``."""
-
-    def __init__(self, full_rate_s: float, interval_s: float, max_forced: int = 0) -> None:
-        self._full_rate_s = full_rate_s
-        self._interval_s = interval_s
-        self._forced_left = max_forced
-        self._first: float | None = None
-        self._last_kept = 0.0
-
-    def keep(self, t: float, forced: bool = False) -> bool:
-        """Whether to keep a sample taken at ``t``; ``forced`` asks to keep it anyway."""
-        if self._first is None:
-            self._first = t
-        # A sampler's period jitters; 1 % slack keeps "every 5 s" from
-        # becoming "every 6 s" when a reading comes a little early.
-        if t - self._first < self._full_rate_s or t - self._last_kept >= self._interval_s * 0.99:
-            self._last_kept = t
-            return True
-        if forced and self._forced_left > 0:
-            self._forced_left -= 1
-            self._last_kept = t
-            return True
-        return False
-
-
-def _discrete_state(s: GpuSample) -> tuple[Any, ...]:
-    """The GPU state whose every change is kept, even when decimating."""
-    return (
-        s.clock_event_reasons,
-        s.ecc,
-        s.remapped_rows,
-        s.retired_pages_pending,
-        s.pcie.gen_current,
-        s.pcie.width_current,
-        tuple(p.pid for p in s.processes),
-        s.persistence_mode,
-    )
-
-
-def _dumps(obj: Mapping[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n"
-
-
-def _open_private(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, _FILE_MODE)
-    try:
-        # O_CREAT's mode is only used for new files; an existing one is tightened.
-        os.fchmod(fd, _FILE_MODE)
-        _drop_partial_line(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-class _LineFile:
-    """One JSON-lines file of the record: lines buffered, written through the guard.
-
-    Nothing but whole lines is handed to the guard, and after a failed write
-    nothing more is written, so the file ends at most with one cut line (which
-    the loader skips).
-    """
-
-    def __init__(self, fd: int, name: str, guard: RecordGuard) -> None:
-        self.fd = fd
-        self.name = name
-        self._guard = guard
-        self._buffer = bytearray()
-        self._lines = 0
-
-    def write(self, line: str) -> None:
-        # A lone surrogate (an undecodable byte of a path) becomes a JSON \udcXX escape.
-        self._buffer += line.encode("utf-8", "backslashreplace")
-        self._lines += 1
-        if len(self._buffer) >= _BUFFER_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._buffer:
-            return
-        data, lines = bytes(self._buffer), self._lines
-        self._buffer.clear()
-        self._lines = 0
-        self._guard.write_all(self.fd, data, self.name, lines=lines)
-
-    def sync(self) -> None:
-        self.flush()
-        if not self._guard.tripped:
-            self._guard.attempt(self.name, lambda: os.fsync(self.fd))
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-
-
-def _drop_partial_line(fd: int) -> None:
-    """End the file's last line if a crash left it without its newline: a whole
-    record gets the newline, a cut one is removed. Appending to a record
-    written before (a resumed run) then never glues a new line onto it."""
-    size = os.fstat(fd).st_size
-    end = size
-    while end > 0:
-        start = max(0, end - 4096)
-        chunk = os.pread(fd, end - start, start)
-        newline = chunk.rfind(b"\n")
-        if newline >= 0:
-            keep = start + newline + 1
-            break
-        end = start
-    else:
-        keep = 0
-    if keep == size:
-        return
-    try:
-        json.loads(os.pread(fd, size - keep, keep))
-    except ValueError:
-        os.ftruncate(fd, keep)
-    else:
-        os.write(fd, b"\n")
 
 
 class RunRecordWriter:
@@ -398,20 +111,20 @@ class RunRecordWriter:
             raise RunDirectoryError(f"run directory {self.run_dir} exists and is not a directory")
         self._lock = threading.RLock()
         self._closed = False
-        self._files: dict[str, _LineFile] = {}
+        self._files: dict[str, LineFile] = {}
         try:
             for name in LINE_FILES:
-                self._files[name] = _LineFile(_open_private(self.run_dir / name), name, self.guard)
+                self._files[name] = LineFile(open_private(self.run_dir / name), name, self.guard)
         except OSError as exc:
             self._close_files()
             raise RunDirectoryError(
                 f"cannot write run directory {self.run_dir}: {exc.strerror or exc}"
             ) from exc
-        self._processes: dict[int, _ProcessSteps] = {}
+        self._processes: dict[int, ProcessSteps] = {}
         self._gpu_encoder = codec.GpuSampleEncoder()
-        self._gpu_decimators: dict[int, _Decimator] = {}
+        self._gpu_decimators: dict[int, Decimator] = {}
         self._gpu_state: dict[int, tuple[Any, ...]] = {}
-        self._host_decimator = _Decimator(
+        self._host_decimator = Decimator(
             self.retention.full_rate_s, self.retention.decimated_interval_s
         )
         self._last_step_t = 0.0
@@ -433,23 +146,12 @@ class RunRecordWriter:
         data = json.dumps(codec.encode_meta(meta), indent=2, ensure_ascii=False, default=str)
         raw = (data + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
-            tmp = self.run_dir / f".{META_FILE}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
-            try:
-                try:
-                    os.fchmod(fd, _FILE_MODE)
-                    view = memoryview(raw)
-                    while view:
-                        view = view[self.guard.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.run_dir / META_FILE)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                raise
-            _fsync_dir(self.run_dir)
+            target = self.run_dir / META_FILE
+            with atomic_writer(target, binary=True, mode=FILE_MODE) as f:
+                # Through the guard's write function, the seam of every record write.
+                view = memoryview(raw)
+                while view:
+                    view = view[self.guard.write(f.fileno(), view) :]
 
     # --- steps -----------------------------------------------------------------------
 
@@ -464,7 +166,7 @@ class RunRecordWriter:
             self._last_step_t = max(self._last_step_t, step.t)
             proc = self._processes.get(step.pid)
             if proc is None:
-                proc = self._processes[step.pid] = _ProcessSteps()
+                proc = self._processes[step.pid] = ProcessSteps()
             proc.seen += 1
             exact = proc.seen <= policy.head_steps or self._is_anomalous(proc, step)
             phase_changed = proc.phase is not None and proc.phase != step.phase
@@ -473,19 +175,19 @@ class RunRecordWriter:
             proc.ooms = step.ooms
             baseline = proc.baselines.get(step.phase)
             if baseline is None:
-                baseline = proc.baselines[step.phase] = _Baseline(policy.baseline_steps)
+                baseline = proc.baselines[step.phase] = Baseline(policy.baseline_steps)
             baseline.add(step, policy.baseline_refresh_steps)
             if phase_changed and proc.window is not None:
                 self._close_window(proc)
             if exact:
                 if counts.steps_exact < policy.max_exact_steps:
                     counts.steps_exact += 1
-                    self._files[STEPS_FILE].write(_dumps(codec.encode_step(step)))
+                    self._files[STEPS_FILE].write(dumps(codec.encode_step(step)))
                     return
                 counts.anomalies_dropped += 1
             self._fold(proc, step)
 
-    def _is_anomalous(self, proc: _ProcessSteps, step: StepRecord) -> bool:
+    def _is_anomalous(self, proc: ProcessSteps, step: StepRecord) -> bool:
         """Whether ``step`` stands out: see docs/run-record.md, "Bounding"."""
         policy = self.retention
         # Evaluation and checkpoint steps are few and each one matters.
@@ -510,7 +212,7 @@ class RunRecordWriter:
             and step.gpu_time_s > policy.slow_factor * baseline.gpu_time
         )
 
-    def _fold(self, proc: _ProcessSteps, step: StepRecord) -> None:
+    def _fold(self, proc: ProcessSteps, step: StepRecord) -> None:
         policy = self.retention
         window = proc.window
         if window is not None and (
@@ -520,14 +222,14 @@ class RunRecordWriter:
             self._close_window(proc)
             window = None
         if window is None:
-            window = proc.window = _WindowBuilder(step)
+            window = proc.window = WindowBuilder(step)
         window.add(step)
         self.counts.steps_windowed += 1
 
-    def _close_window(self, proc: _ProcessSteps) -> None:
+    def _close_window(self, proc: ProcessSteps) -> None:
         if proc.window is None:
             return
-        self._files[WINDOWS_FILE].write(_dumps(codec.encode_window(proc.window.build())))
+        self._files[WINDOWS_FILE].write(dumps(codec.encode_window(proc.window.build())))
         self.counts.windows += 1
         proc.window = None
 
@@ -539,12 +241,12 @@ class RunRecordWriter:
             if self._closed:
                 return
             self.counts.gpu_seen += 1
-            state = _discrete_state(sample)
+            state = discrete_state(sample)
             changed = self._gpu_state.get(sample.index) != state
             self._gpu_state[sample.index] = state
             decimator = self._gpu_decimators.get(sample.index)
             if decimator is None:
-                decimator = self._gpu_decimators[sample.index] = _Decimator(
+                decimator = self._gpu_decimators[sample.index] = Decimator(
                     self.retention.full_rate_s,
                     self.retention.decimated_interval_s,
                     self.retention.max_forced_gpu_samples,
@@ -552,7 +254,7 @@ class RunRecordWriter:
             if not decimator.keep(sample.timestamp, forced=changed):
                 return
             self.counts.gpu_kept += 1
-            self._files[GPU_FILE].write(_dumps(self._gpu_encoder.encode(sample)))
+            self._files[GPU_FILE].write(dumps(self._gpu_encoder.encode(sample)))
 
     def add_host(self, sample: HostSample) -> None:
         """Keep a host reading (decimated after ``full_rate_s``)."""
@@ -563,7 +265,7 @@ class RunRecordWriter:
             if not self._host_decimator.keep(sample.t):
                 return
             self.counts.host_kept += 1
-            self._files[HOST_FILE].write(_dumps(codec.encode_host(sample)))
+            self._files[HOST_FILE].write(dumps(codec.encode_host(sample)))
 
     def add_loader(self, info: LoaderInfo) -> None:
         with self._lock:
@@ -573,13 +275,13 @@ class RunRecordWriter:
                 self.counts.loaders_dropped += 1
                 return
             self._loaders += 1
-            self._files[LOADERS_FILE].write(_dumps(codec.encode_loader(info)))
+            self._files[LOADERS_FILE].write(dumps(codec.encode_loader(info)))
 
     def add_loader_activity(self, a: LoaderActivity) -> None:
         with self._lock:
             if self._closed:
                 return
-            line = _dumps(codec.encode_loader_activity(a))
+            line = dumps(codec.encode_loader_activity(a))
             size = len(line.encode("utf-8", "backslashreplace"))
             policy = self.retention
             if (
@@ -615,7 +317,7 @@ class RunRecordWriter:
         short = RunEvent(
             t=e.t, kind=e.kind, message=_shorten(e.message, limit), pid=e.pid, data=data
         )
-        return _dumps(codec.encode_event(short))
+        return dumps(codec.encode_event(short))
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -706,17 +408,3 @@ def _shorten(value: Any, limit: int) -> Any:
     if isinstance(value, list):
         return [_shorten(v, limit) for v in value]
     return value
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename durable; some filesystems refuse to open a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -127,7 +127,9 @@ def _merge_loader(
 def _findings(run_dir: Path, record: RunRecord) -> tuple[list[Finding], dict[str, Any]]:
     """The run's findings as reported (``findings.json``) and that document's context;
     a fresh diagnosis of the record when the run wrote none."""
-    path = run_dir / "findings.json"
+    from trainmedic.record.layout import FINDINGS_FILE
+
+    path = run_dir / FINDINGS_FILE
     if path.exists():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -27,13 +27,14 @@ import fcntl
 import hashlib
 import os
 import pickle
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainmedic.atomicfile import atomic_writer, write_atomic
 from trainmedic.errors import UsageError
+from trainmedic.remedies.wrapper import DatasetWrapper
 
 _LEDGER = ".ledger"
 _LOCK = ".lock"
@@ -129,25 +130,21 @@ class LocalCache:
 
     def _store(self, path: Path, data: bytes) -> None:
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
+        # Scratch copies: no fsync (a lost entry is fetched again). The data is
+        # written before the cache lock is taken; the lock is held from just
+        # before the rename until the ledger counts the new entry.
+        with contextlib.ExitStack() as lock:
+            with atomic_writer(path, binary=True, durable=False) as f:
                 f.write(data)
-            with _locked(self.directory / _LOCK):
+                lock.enter_context(_locked(self.directory / _LOCK))
                 stored = self._ledger()  # before the new entry is in place
                 replaced = path.stat().st_size if path.exists() else 0
-                os.replace(tmp, path)
-                now = self.clock()
-                os.utime(path, (now, now))
-                total = stored + len(data) - replaced
-                if total > self.max_bytes:
-                    total = self._evict(int(self.max_bytes * _LOW_WATER), keep=path)
-                self._write_ledger(total)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+            now = self.clock()
+            os.utime(path, (now, now))
+            total = stored + len(data) - replaced
+            if total > self.max_bytes:
+                total = self._evict(int(self.max_bytes * _LOW_WATER), keep=path)
+            self._write_ledger(total)
 
     # --- size bound (called with the cache lock held) --------------------------------------------
 
@@ -184,10 +181,7 @@ class LocalCache:
             return sum(size for _, size, _ in self._entries())
 
     def _write_ledger(self, total: int) -> None:
-        ledger = self.directory / _LEDGER
-        tmp = ledger.with_name(f"{_LEDGER}.{os.getpid()}.tmp")
-        tmp.write_text(str(max(0, total)))
-        os.replace(tmp, ledger)
+        write_atomic(self.directory / _LEDGER, str(max(0, total)), durable=False)
 
     def size_bytes(self) -> int:
         """Bytes stored now, counted on disk."""
@@ -211,7 +205,7 @@ class CachedFiles:
         return self.cache.get(f"file:{os.path.abspath(source)}", fetch)
 
 
-class CachedDataset:
+class CachedDataset(DatasetWrapper):
     """A deterministic map-style dataset with every sample cached after its first read.
 
     Only right when ``dataset[i]`` is the same every epoch: apply random
@@ -222,14 +216,6 @@ class CachedDataset:
         self.dataset = dataset
         self.cache = cache
         self.namespace = namespace or f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
     def __getitem__(self, index: int) -> Any:
         def fetch() -> bytes:

@@ -36,6 +36,7 @@ import tenacity
 
 from trainmedic.errors import TrainmedicError
 from trainmedic.remedies.events import report_event
+from trainmedic.remedies.wrapper import DatasetWrapper
 
 LOG = logging.getLogger("trainmedic.remedies")
 
@@ -77,7 +78,7 @@ def _describe_default(dataset: Any, index: int) -> str:
     return f"index {index}"
 
 
-class ResilientDataset:
+class ResilientDataset(DatasetWrapper):
     """A map-style dataset whose reads survive flaky storage and bad samples.
 
     Args:
@@ -128,17 +129,6 @@ class ResilientDataset:
         """Bad samples of this process: index -> the error."""
         self.retried = 0
         """Retries of this process that ended in a good read."""
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name: str) -> Any:
-        # Attributes of the wrapped dataset (classes, targets, ...) stay reachable;
-        # only called for names this object lacks. ``dataset`` itself is guarded
-        # so that unpickling (which has no attributes yet) cannot recurse.
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
     def __getitem__(self, index: int) -> Any:
         n = len(self.dataset)

@@ -116,9 +116,8 @@ def _pct(v: float) -> str:
 def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -> str:
     """The page: verdict, measures, findings, notes, and the step times of both runs."""
     import plotly.graph_objects as go
-    from plotly.offline import get_plotlyjs
 
-    from trainmedic.report import html as report_html
+    from trainmedic.report.html_page import render_page
 
     figures: list[dict[str, Any]] = []
     fig = go.Figure()
@@ -155,14 +154,11 @@ def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -
     ]
     if c.notes:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in c.notes) + "</ul>")
-    return report_html._PAGE.format(
-        title=_e(f"trainmedic compare — {c.before.name} vs {c.after.name}"),
-        style=report_html._STYLE + "table.compare td{text-align:right}",
-        error_hook=report_html._ERROR_HOOK,
-        plotlyjs=get_plotlyjs(),
-        body="\n".join(body),
-        figures=report_html._figures_json(figures),
-        draw=report_html._DRAW,
+    return render_page(
+        f"trainmedic compare — {c.before.name} vs {c.after.name}",
+        "\n".join(body),
+        figures,
+        style="table.compare td{text-align:right}",
     )
 
 

@@ -17,12 +17,11 @@ Format: the Trace Event Format's JSON object form, ``{"traceEvents": [...]}``.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from trainmedic.atomicfile import atomic_writer
 from trainmedic.record.types import RunRecord, StepRecord, StepWindow
 
 # Pseudo process ids for tracks that are not a training process: above Linux's
@@ -36,15 +35,8 @@ _GIB = 1024**3
 
 def write_chrome_trace(record: RunRecord, path: Path) -> None:
     """Write ``record`` as a Chrome trace JSON file at ``path`` (replaced atomically)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            dump_chrome_trace(record, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as f:
+        dump_chrome_trace(record, f)
 
 
 def dump_chrome_trace(record: RunRecord, f: IO[str]) -> None:

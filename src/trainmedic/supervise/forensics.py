@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainmedic.atomicfile import atomic_writer, write_atomic
 from trainmedic.probe.forensics import JSON_PREFIX, STACK_SIGNAL
 from trainmedic.resilience.errorfile import is_user_code
 from trainmedic.supervise.stop import caught_signals
@@ -279,9 +280,8 @@ def _py_spy(cap: _Capture, py_spy: str, pids: Sequence[int]) -> None:
                 " (it needs ptrace permission: CAP_SYS_PTRACE in containers)"
             )
             continue
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(result.stdout)
+        # No fsync on the way to stopping a hung job: a stalled disk must not hold it up.
+        write_atomic(out, result.stdout, durable=False)
         cap.files.append(out.name)
 
 
@@ -497,8 +497,7 @@ def _write_hang_file(
         "took_s": round(forensics.took_s, 3),
     }
     path = directory / HANG_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with atomic_writer(path, durable=False) as f:
         json.dump(data, f, indent=1, default=repr)
         f.write("\n")
 

@@ -27,31 +27,58 @@ The contract (docs/restarts.md, "Checkpointer"):
 - **Bounded.** The newest ``keep`` checkpoints (in save order) are kept.
 - **Private.** A directory it creates gets mode 0700; every file 0600.
 
-Only this module (and the probe) import torch, and only when a checkpoint is
-saved or loaded; ``import trainmedic`` stays cheap.
+Only this package (and the probe) import torch, and only when a checkpoint is
+saved or loaded; ``import trainmedic`` stays cheap. The files and their
+verification are in :mod:`trainmedic.checkpoint.files`, what a checkpoint
+holds (states, RNG) in :mod:`trainmedic.checkpoint.state`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import random
-import re
 import sys
-import tempfile
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any
 
-from trainmedic import jsonfile
 from trainmedic.api import phase
+from trainmedic.atomicfile import fsync_dir
+from trainmedic.checkpoint.files import (
+    FORMAT,
+    FORMAT_VERSION,
+    MAX_MANIFEST_BYTES,
+    NAME_RE,
+    TMP_PREFIX,
+    TMP_SUFFIX,
+    CheckpointInfo,
+    Unusable,
+    read_verified,
+    write_file,
+)
+from trainmedic.checkpoint.state import (
+    SupportsStateDict,
+    capture_rng,
+    check_weights_only_safe,
+    restore,
+)
 from trainmedic.errors import CheckpointError, UsageError
+
+__all__ = [
+    "CHECKPOINT_DIR_ENV",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "CheckpointInfo",
+    "CheckpointWarning",
+    "Checkpointer",
+    "LoadedCheckpoint",
+    "SupportsStateDict",
+]
 
 CHECKPOINT_DIR_ENV = "TRAINMEDIC_CHECKPOINT_DIR"
 """Default checkpoint directory when ``directory`` is not given.
@@ -60,44 +87,9 @@ CHECKPOINT_DIR_ENV = "TRAINMEDIC_CHECKPOINT_DIR"
 ``Checkpointer()`` resumes across restarts without naming a directory.
 """
 
-FORMAT = "trainmedic-checkpoint"
-FORMAT_VERSION = 1
-
-_NAME_RE = re.compile(r"^ckpt-(?P<seq>\d{6,})-step(?P<step>\d+)\.(?P<kind>pt|json)$")
-_TMP_PREFIX = ".ckpt-"
-_TMP_SUFFIX = ".tmp"
-_HASH_CHUNK_BYTES = 4 * 1024 * 1024
-MAX_MANIFEST_BYTES = 1024 * 1024
-"""Largest manifest read, bytes (the Checkpointer writes under 1 KiB); larger is corrupt."""
-
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (corrupt, truncated, refused) and an older one used."""
-
-
-class SupportsStateDict(Protocol):
-    """What a model, optimizer, scheduler or GradScaler offers."""
-
-    def state_dict(self) -> Any: ...
-
-    def load_state_dict(self, state_dict: Any, /) -> Any: ...
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One committed checkpoint as listed in the directory.
-
-    Attributes:
-        sequence: save order, 1 for the first checkpoint ever saved here.
-        step: the training step it was saved at.
-        manifest: path of the JSON manifest (the commit record).
-        data: path of the data file the manifest names.
-    """
-
-    sequence: int
-    step: int
-    manifest: Path
-    data: Path
 
 
 @dataclass(frozen=True)
@@ -117,10 +109,6 @@ class LoadedCheckpoint:
     path: Path
     extra: Mapping[str, Any] = field(default_factory=dict)
     skipped: tuple[tuple[str, str], ...] = ()
-
-
-class _Unusable(Exception):
-    """One checkpoint cannot be used; load falls back to an older one."""
 
 
 class Checkpointer:
@@ -194,7 +182,7 @@ class Checkpointer:
             ) from e
         found = []
         for name in names:
-            m = _NAME_RE.match(name)
+            m = NAME_RE.match(name)
             if m and m["kind"] == "json":
                 stem = name[: -len(".json")]
                 found.append(
@@ -270,7 +258,7 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise UsageError(f"step must be an integer >= 0, got {step!r}")
         extra_dict = dict(extra or {})
-        _check_weights_only_safe(extra_dict, "extra")
+        check_weights_only_safe(extra_dict, "extra")
         if _is_nonzero_rank():
             # Keep the same schedule as rank 0, which does write.
             self._last_save_step = step
@@ -301,13 +289,13 @@ class Checkpointer:
             "optimizer": None if optimizer is None else optimizer.state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
             "scaler": None if scaler is None else scaler.state_dict(),
-            "rng": _capture_rng() if rng else None,
+            "rng": capture_rng() if rng else None,
             "extra": extra_dict,
         }
         self._ensure_directory()
         sequence = self._next_sequence()
         stem = f"ckpt-{sequence:06d}-step{step}"
-        data_path, size, digest = _write_atomic(
+        data_path, size, digest = write_file(
             self.directory, f"{stem}.pt", lambda f: torch.save(payload, f)
         )
         manifest = {
@@ -327,7 +315,7 @@ class Checkpointer:
             ),
         }
         manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-        _write_atomic(self.directory, f"{stem}.json", lambda f: f.write(manifest_bytes))
+        write_file(self.directory, f"{stem}.json", lambda f: f.write(manifest_bytes))
         self._last_save_step = step
         self._last_save_time = self._clock()
         self._prune(sequence)
@@ -342,12 +330,12 @@ class Checkpointer:
             return
         # mkdir's mode is filtered by the umask; the directory must be private.
         os.chmod(self.directory, 0o700)
-        _fsync_directory(self.directory.parent)
+        fsync_dir(self.directory.parent)
 
     def _next_sequence(self) -> int:
         highest = 0
         for name in os.listdir(self.directory):
-            m = _NAME_RE.match(name)
+            m = NAME_RE.match(name)
             if m:
                 highest = max(highest, int(m["seq"]))
         return highest + 1
@@ -358,9 +346,9 @@ class Checkpointer:
         keep_seqs = {c.sequence for c in committed[: self.keep]} | {newest}
         stale = []
         for name in os.listdir(self.directory):
-            m = _NAME_RE.match(name)
+            m = NAME_RE.match(name)
             if (m is not None and int(m["seq"]) not in keep_seqs) or (
-                name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX)
+                name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX)
             ):
                 stale.append(name)
         # Manifests before data files: a crash in between must never leave a
@@ -370,7 +358,7 @@ class Checkpointer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / name)
         if stale:
-            _fsync_directory(self.directory)
+            fsync_dir(self.directory)
 
     # ----------------------------------------------------------------- loading
 
@@ -420,8 +408,8 @@ class Checkpointer:
         problems: list[tuple[str, str]] = []
         for info in candidates:
             try:
-                payload = _read_verified(info, map_location)
-            except _Unusable as e:
+                payload = read_verified(info, map_location)
+            except Unusable as e:
                 problems.append((info.data.name, str(e)))
                 continue
             for name, problem in problems:
@@ -431,7 +419,7 @@ class Checkpointer:
                     CheckpointWarning,
                     stacklevel=3,
                 )
-            _restore(payload, info, model, optimizer, scheduler, scaler, rng, strict)
+            restore(payload, info, model, optimizer, scheduler, scaler, rng, strict)
             self.resumed = LoadedCheckpoint(
                 step=info.step,
                 sequence=info.sequence,
@@ -475,123 +463,6 @@ def _report_resumed(loaded: LoadedCheckpoint) -> None:
         )
 
 
-def _write_atomic(
-    directory: Path, name: str, write: Callable[[IO[bytes]], Any]
-) -> tuple[Path, int, str]:
-    """Write ``name`` in ``directory`` atomically; return (path, size, sha256 hex)."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{name}.", suffix=_TMP_SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "w+b") as f:  # mkstemp creates the file with mode 0600
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-            f.seek(0)
-            digest = hashlib.sha256()
-            while chunk := f.read(_HASH_CHUNK_BYTES):
-                digest.update(chunk)
-        final = directory / name
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(directory)
-    return final, size, digest.hexdigest()
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make renames and unlinks in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_verified(info: CheckpointInfo, map_location: Any) -> dict[str, Any]:
-    """Check the manifest against the data file, then load it with weights_only."""
-    import pickle
-
-    import torch
-
-    try:
-        manifest = jsonfile.read_json(info.manifest, max_bytes=MAX_MANIFEST_BYTES)
-    except (OSError, ValueError) as e:
-        raise _Unusable(f"manifest unreadable ({jsonfile.describe(e)})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _Unusable("manifest is not a trainmedic checkpoint manifest")
-    expected_size = manifest.get("size_bytes")
-    expected_sha = manifest.get("sha256")
-    if manifest.get("data_file") != info.data.name or not isinstance(expected_sha, str):
-        raise _Unusable("manifest does not name this data file with a sha256")
-    try:
-        size = info.data.stat().st_size
-        if size != expected_size:
-            raise _Unusable(f"truncated or grown: {size} bytes, manifest says {expected_size}")
-        digest = hashlib.sha256()
-        with open(info.data, "rb") as f:
-            while chunk := f.read(_HASH_CHUNK_BYTES):
-                digest.update(chunk)
-    except FileNotFoundError as e:
-        raise _Unusable("data file missing") from e
-    except OSError as e:
-        raise _Unusable(f"data file unreadable ({e.strerror})") from e
-    if digest.hexdigest() != expected_sha:
-        raise _Unusable("sha256 mismatch: the data file is corrupt")
-    try:
-        payload = torch.load(info.data, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise _Unusable(f"refused by torch.load(weights_only=True): {first_line}") from e
-    except Exception as e:  # torch raises RuntimeError, EOFError, zip errors, ...
-        raise _Unusable(f"torch.load failed: {type(e).__name__}: {e}") from e
-    if (
-        not isinstance(payload, dict)
-        or payload.get("format") != FORMAT
-        or payload.get("step") != info.step
-    ):
-        raise _Unusable("data file content does not match its manifest")
-    return payload
-
-
-def _restore(
-    payload: Mapping[str, Any],
-    info: CheckpointInfo,
-    model: SupportsStateDict | None,
-    optimizer: SupportsStateDict | None,
-    scheduler: SupportsStateDict | None,
-    scaler: SupportsStateDict | None,
-    rng: bool,
-    strict: bool,
-) -> None:
-    import torch
-
-    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-    for name, target in parts.items():
-        if target is None:
-            continue
-        state = payload.get(name)
-        if state is None:
-            raise CheckpointError(
-                f"checkpoint {info.data} has no {name} state, but a {name} was given to load()",
-                directory=str(info.data.parent),
-            )
-        try:
-            if name == "model" and isinstance(target, torch.nn.Module):
-                target.load_state_dict(state, strict=strict)
-            else:
-                target.load_state_dict(state)
-        except (RuntimeError, KeyError, ValueError, TypeError) as e:
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(
-                f"checkpoint {info.data}: the saved {name} state does not fit: {first_line}",
-                directory=str(info.data.parent),
-            ) from e
-    if rng and payload.get("rng") is not None:
-        _restore_rng(payload["rng"])
-
-
 def _is_nonzero_rank() -> bool:
     dist = sys.modules.get("torch.distributed")
     if dist is None:
@@ -600,88 +471,3 @@ def _is_nonzero_rank() -> bool:
         return bool(dist.is_available() and dist.is_initialized() and dist.get_rank() != 0)
     except (RuntimeError, ValueError):
         return False
-
-
-def _capture_rng() -> dict[str, Any]:
-    """RNG states as values the weights_only unpickler accepts (lists, tensors, numbers)."""
-    import torch
-
-    version, internal, gauss_next = random.getstate()
-    state: dict[str, Any] = {
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-        "torch_cpu": torch.get_rng_state(),
-    }
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np_state = np.random.get_state(legacy=True)
-        if isinstance(np_state, tuple):
-            name, keys, pos, has_gauss, cached = np_state
-            state["numpy"] = {
-                "name": str(name),
-                "keys": [int(k) for k in keys],
-                "pos": int(pos),
-                "has_gauss": int(has_gauss),
-                "cached_gaussian": float(cached),
-            }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
-    return state
-
-
-def _restore_rng(state: Mapping[str, Any]) -> None:
-    import torch
-
-    py = state.get("python")
-    if py is not None:
-        random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
-    if state.get("torch_cpu") is not None:
-        torch.set_rng_state(state["torch_cpu"])
-    np_state = state.get("numpy")
-    if np_state is not None:
-        _restore_numpy_rng(np_state)
-    cuda_states = state.get("torch_cuda")
-    if cuda_states and torch.cuda.is_available():
-        # After a GPU was excluded there may be fewer devices than were saved.
-        for index in range(min(len(cuda_states), torch.cuda.device_count())):
-            torch.cuda.set_rng_state(cuda_states[index], index)
-
-
-def _restore_numpy_rng(np_state: Mapping[str, Any]) -> None:
-    try:
-        import numpy as np
-    except ImportError:  # saved where numpy was imported, resumed where it is not installed
-        return
-    np.random.set_state(
-        (
-            np_state["name"],
-            np.asarray(np_state["keys"], dtype=np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        )
-    )
-
-
-def _check_weights_only_safe(value: Any, where: str) -> None:
-    """Raise UsageError naming the first value ``torch.load(weights_only=True)`` would refuse."""
-    import torch
-
-    if value is None or type(value) in (bool, int, float, complex, str, bytes, bytearray):
-        return
-    if isinstance(value, (torch.Tensor, torch.Size, torch.dtype, torch.device)):
-        return
-    if type(value) in (list, tuple, set):
-        for i, item in enumerate(value):
-            _check_weights_only_safe(item, f"{where}[{i}]")
-        return
-    if type(value) in (dict, OrderedDict):
-        for key, item in value.items():
-            _check_weights_only_safe(key, f"{where} key {key!r}")
-            _check_weights_only_safe(item, f"{where}[{key!r}]")
-        return
-    kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    raise UsageError(
-        f"{where}: a {kind} cannot be loaded with torch.load(weights_only=True); "
-        "store plain numbers, strings, lists, dicts or tensors (numpy: .tolist() or "
-        "torch.from_numpy())"
-    )

@@ -1,4 +1,4 @@
-"""Small builders of run records, GPU and host series and machine facts for rule tests.
+"""Builders of run records, steps, GPU and host samples and loader facts, shared by every test.
 
 Every builder takes the few numbers a test is about and fills the rest with a
 plausible healthy default, so a test reads as the situation it describes.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from trainmedic.doctor.facts import GpuFacts, MachineFacts
 from trainmedic.gpu.types import GpuProcess, GpuSample
@@ -222,19 +222,26 @@ def make_record(
     events: Iterable[RunEvent] = (),
     exit_code: int | None = 0,
     started_at: float = T0,
+    ended_at: float | Literal["after_steps"] | None = "after_steps",
+    meta: RunMeta | None = None,
 ) -> RunRecord:
+    """A run record; its meta says the run ended a second after its last step
+    (``ended_at=None``: a run still open), unless ``meta`` is given whole."""
     steps = list(steps)
-    ends = [s.t for s in steps] + [started_at]
-    return RunRecord(
-        meta=RunMeta(
+    if ended_at == "after_steps":
+        ended_at = max([s.t for s in steps] + [started_at]) + 1.0
+    if meta is None:
+        meta = RunMeta(
             run_id="test-run",
             command=("python", "train.py"),
             cwd="/work",
             started_at=started_at,
-            ended_at=max(ends) + 1.0,
+            ended_at=ended_at,
             exit_code=exit_code,
             gpu_backend="simulated",
-        ),
+        )
+    return RunRecord(
+        meta=meta,
         steps=steps,
         windows=list(windows),
         loaders=list(loaders),

@@ -1,0 +1,210 @@
+"""A run's steps as spans, split into warm-up, steady training steps and other phases.
+
+Exact steps and folded windows become one shape (:class:`StepSpan`); the
+statistics of :mod:`trainmedic.record.stats` and the diagnosis read the
+steady part this module finds (docs/diagnosis.md, "Run statistics"):
+
+* Only ``train``-phase steps count as training steps; evaluation and
+  checkpoint steps are kept apart.
+* Warm-up: per process, leading train steps are dropped while their durations
+  have not settled (compilation, cuDNN benchmarking, first batches). A step is
+  *settled* when its duration is at most ``SETTLE_FACTOR`` times the process's
+  median; warm-up ends at the first step that starts a run of ``SETTLE_RUN``
+  settled steps. At most ``max(WARMUP_MIN_CAP, WARMUP_MAX_SHARE * n)`` steps
+  (and never half or more of a process's steps) are dropped.
+* Folded steps (:class:`StepWindow`) count as ``count`` steps at their mean
+  duration in percentiles; they are ordinary by construction, never warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from trainmedic.record.types import RunRecord, StepRecord, StepWindow
+
+TRAIN_PHASE = "train"
+
+#: a step is settled when its duration is at most this many times the median.
+SETTLE_FACTOR = 1.5
+#: warm-up ends at the first step that starts this many settled steps in a row.
+SETTLE_RUN = 3
+#: warm-up may drop at most this share of a process's train steps ...
+WARMUP_MAX_SHARE = 0.10
+#: ... but at least this many (short runs still drop a compile step).
+WARMUP_MIN_CAP = 3
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """One exact step or one folded window, in the shape statistics need.
+
+    Attributes:
+        t_start / t_end: Unix seconds.
+        count: steps it stands for (1 for an exact step).
+        duration_s / data_wait_s: sums over its steps, seconds.
+        compute_s / gpu_time_s / samples: sums, ``None`` when unknown.
+        duration_max_s: longest single step in it, seconds.
+        step: the step itself for an exact step, ``None`` for a window.
+    """
+
+    pid: int
+    phase: str
+    first_step: int
+    t_start: float
+    t_end: float
+    count: int
+    duration_s: float
+    data_wait_s: float
+    compute_s: float | None
+    gpu_time_s: float | None
+    samples: int | None
+    duration_max_s: float = 0.0
+    step: StepRecord | None = None
+
+    @property
+    def mean_duration_s(self) -> float:
+        return self.duration_s / self.count if self.count else 0.0
+
+    @classmethod
+    def of_step(cls, s: StepRecord) -> StepSpan:
+        return cls(
+            pid=s.pid,
+            phase=s.phase,
+            first_step=s.step,
+            t_start=s.t - s.duration_s,
+            t_end=s.t,
+            count=1,
+            duration_s=s.duration_s,
+            data_wait_s=s.data_wait_s,
+            compute_s=s.compute_s,
+            gpu_time_s=s.gpu_time_s,
+            samples=s.samples,
+            duration_max_s=s.duration_s,
+            step=s,
+        )
+
+    @classmethod
+    def of_window(cls, w: StepWindow) -> StepSpan:
+        return cls(
+            pid=w.pid,
+            phase=w.phase,
+            first_step=w.first_step,
+            t_start=w.t_start,
+            t_end=w.t,
+            count=w.count,
+            duration_s=w.duration_sum_s,
+            data_wait_s=w.data_wait_sum_s,
+            compute_s=w.compute_sum_s,
+            gpu_time_s=w.gpu_time_sum_s,
+            samples=w.samples_sum,
+            duration_max_s=w.duration_max_s,
+        )
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """The record's steps, split into warm-up, steady train steps and other phases.
+
+    All lists are in (pid, step) order.
+    """
+
+    warmup: tuple[StepSpan, ...]
+    steady: tuple[StepSpan, ...]
+    other_phases: tuple[StepSpan, ...]
+
+
+def all_spans(record: RunRecord) -> list[StepSpan]:
+    """Exact steps and windows of every process as spans, in (pid, first step) order."""
+    spans = [StepSpan.of_step(s) for s in record.steps]
+    spans += [StepSpan.of_window(w) for w in record.windows if w.count > 0]
+    spans.sort(key=lambda s: (s.pid, s.first_step, s.t_end))
+    return spans
+
+
+def split_steps(spans: Sequence[StepSpan]) -> StepSplit:
+    """Split spans into warm-up, steady train steps and other phases (module docstring)."""
+    warmup: list[StepSpan] = []
+    steady: list[StepSpan] = []
+    other: list[StepSpan] = []
+    by_pid: dict[int, list[StepSpan]] = {}
+    for s in spans:
+        if s.phase == TRAIN_PHASE:
+            by_pid.setdefault(s.pid, []).append(s)
+        else:
+            other.append(s)
+    for pid in sorted(by_pid):
+        train = by_pid[pid]
+        n = warmup_length(train)
+        warmup += train[:n]
+        steady += train[n:]
+    return StepSplit(tuple(warmup), tuple(steady), tuple(other))
+
+
+def warmup_length(train: Sequence[StepSpan]) -> int:
+    """How many leading spans of one process's train steps are warm-up (module docstring)."""
+    n_steps = sum(s.count for s in train)
+    cap = min(max(WARMUP_MIN_CAP, math.ceil(WARMUP_MAX_SHARE * n_steps)), n_steps // 2)
+    if cap <= 0:
+        return 0
+    reference = weighted_quantile([(s.mean_duration_s, s.count) for s in train], 0.5)
+    assert reference is not None
+    limit = SETTLE_FACTOR * reference
+
+    def settled(i: int) -> bool:
+        span = train[i]
+        return span.step is None or span.duration_s <= limit
+
+    first_settled: int | None = None
+    for i in range(min(cap, len(train)) + 1):
+        if i >= len(train) or train[i].step is None:
+            return i
+        if not settled(i):
+            continue
+        if first_settled is None:
+            first_settled = i
+        run = train[i : i + SETTLE_RUN]
+        if all(settled(i + k) for k in range(len(run))):
+            return i
+    return first_settled if first_settled is not None else min(cap, len(train))
+
+
+def steady_interval(split: StepSplit) -> tuple[float, float] | None:
+    """(start, end) in Unix seconds of the steady steps, or ``None`` without any."""
+    if not split.steady:
+        return None
+    return min(s.t_start for s in split.steady), max(s.t_end for s in split.steady)
+
+
+def weighted_quantile(values: Sequence[tuple[float, int]], q: float) -> float | None:
+    """Quantile ``q`` of values with integer weights, as if each were repeated ``weight``
+    times (linear interpolation, numpy's default); ``None`` when empty."""
+    items = sorted((v, w) for v, w in values if w > 0)
+    total = sum(w for _, w in items)
+    if total == 0:
+        return None
+    pos = q * (total - 1)
+    lo_i, hi_i = math.floor(pos), math.ceil(pos)
+    lo_v = hi_v = items[-1][0]
+    seen = 0
+    found_lo = False
+    for v, w in items:
+        seen += w
+        if not found_lo and lo_i < seen:
+            lo_v, found_lo = v, True
+        if hi_i < seen:
+            hi_v = v
+            break
+    return lo_v + (hi_v - lo_v) * (pos - lo_i)
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or touching intervals joined; the result sorted and disjoint."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
