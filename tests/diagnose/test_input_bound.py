@@ -4,16 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from trainmedic.diagnose import diagnose_run
-from trainmedic.diagnose.data_wait import recommended_workers
-from trainmedic.diagnose.input_bound import input_bound
-from trainmedic.diagnose.shm import shm_too_small
-from trainmedic.diagnose.thresholds import Thresholds
-from trainmedic.diagnose.view import RunView
-from trainmedic.doctor.facts import MachineFacts
-from trainmedic.findings.model import Category, Finding, Severity
-from trainmedic.record.types import RunRecord
-
 from support.builders import (
     GIB,
     JOB_PID,
@@ -29,7 +19,8 @@ from support.builders import (
     make_steps,
 )
 from trainmedic.diagnose import diagnose_run
-from trainmedic.diagnose.input_bound import input_bound, recommended_workers
+from trainmedic.diagnose.data_wait import recommended_workers
+from trainmedic.diagnose.input_bound import input_bound
 from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
