@@ -26,12 +26,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainmedic.atomicfile import write_atomic
+from trainmedic.optional import install_hint
 from trainmedic.probe.forensics import JSON_PREFIX, STACK_SIGNAL
 from trainmedic.resilience.errorfile import is_user_code
 from trainmedic.supervise.stop import caught_signals
@@ -181,7 +185,7 @@ def capture_hang(
             cap, py_spy, [p.pid for p in processes if p.pid in signalled or p.role != "unknown"]
         )
     elif processes:
-        cap.notes.append("py-spy is not installed: no native stacks (pip install py-spy)")
+        cap.notes.append(f"py-spy is not installed: no native stacks ({install_hint('native')})")
     stacks = read_stacks(directory, processes)
     ordered = sorted(stacks, key=lambda s: (s.pid != lead_pid, s.pid))
     lead = next((s for s in ordered if s.pid == lead_pid), ordered[0] if ordered else None)
@@ -279,9 +283,11 @@ def _py_spy(cap: _Capture, py_spy: str, pids: Sequence[int]) -> None:
                 " (it needs ptrace permission: CAP_SYS_PTRACE in containers)"
             )
             continue
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(result.stdout)
+        try:
+            write_atomic(out, result.stdout)
+        except OSError as exc:  # a full disk: the other files may still fit
+            cap.notes.append(f"{out.name} not written: {exc}")
+            continue
         cap.files.append(out.name)
 
 
@@ -496,11 +502,7 @@ def _write_hang_file(
         "notes": list(forensics.notes),
         "took_s": round(forensics.took_s, 3),
     }
-    path = directory / HANG_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, default=repr)
-        f.write("\n")
+    write_atomic(directory / HANG_FILE, json.dumps(data, indent=1, default=repr) + "\n")
 
 
 def _size(path: Path) -> int:
@@ -518,5 +520,10 @@ def _read_text(path: Path) -> str:
 
 
 def find_py_spy() -> str | None:
-    """py-spy's path, when installed."""
+    """py-spy's path, when installed: beside this interpreter first (a virtual
+    environment's ``bin``, not on ``PATH`` unless activated), else on ``PATH``."""
+    for directory in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
+        candidate = os.path.join(directory, "py-spy")
+        if directory and os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate
     return shutil.which("py-spy")
