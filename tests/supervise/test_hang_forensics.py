@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainmedic.supervise import forensics
-from trainmedic.supervise.forensics import (
+from trainmedic.supervise.stack_dumps import (
     JobProcess,
     ProcessStacks,
     StackFrame,
