@@ -30,7 +30,8 @@ from trainmedic.channel.server import ChannelServer
 from trainmedic.doctor.facts import GpuFacts, MachineFacts
 from trainmedic.errors import RunDirectoryError
 from trainmedic.framework.torch_build import TorchBuild, parse_cuda_version, read_torch_build
-from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none
+from trainmedic.gpu.backend import GpuBackend
+from trainmedic.gpu.factory import open_nvml_or_none
 from trainmedic.gpu.types import GpuSample
 from trainmedic.host.types import HostFacts
 from trainmedic.ostext import printable
