@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from trainmedic.probe.callees import callee_names
 from trainmedic.probe.sampling import StackSampler
 from trainmedic.probe.stacks import (
     STATES,
     ActivityAggregate,
     FrameInfo,
     StackCache,
-    callee_names,
     classify,
     frame_key,
     read_frames,
