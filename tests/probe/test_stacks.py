@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from trainmedic.probe.callees import callee_names
+from trainmedic.probe.frames import FrameInfo, callee_names
 from trainmedic.probe.sampling import StackSampler
 from trainmedic.probe.stacks import (
     STATES,
     ActivityAggregate,
-    FrameInfo,
     StackCache,
     classify,
     frame_key,

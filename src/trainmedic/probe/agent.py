@@ -25,10 +25,9 @@ if TYPE_CHECKING:
     from trainmedic.channel.client import ChannelClient
     from trainmedic.channel.wire import ProbeMessage
     from trainmedic.probe.env import ProbeConfig
-    from trainmedic.probe.forward import ForwardWatch
     from trainmedic.probe.parts import Parts
     from trainmedic.probe.sampling import StackSampler, StepStats
-    from trainmedic.probe.seams import HookState
+    from trainmedic.probe.seams import ForwardSeam, HookState
     from trainmedic.probe.steps import StepDraft, StepTracker
 
 FLUSH_S = 0.25
@@ -77,7 +76,7 @@ class ProbeAgent:
     local_rank: int | None
     state: HookState
     tracker: StepTracker | None
-    forward: ForwardWatch | None
+    forward: ForwardSeam | None
     step_stats: StepStats | None
     outbox: deque[ProbeMessage | tuple[StepDraft, Any, Any]]
     client: ChannelClient | None

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from trainmedic.channel.client import ChannelClient
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.forensics import StackDumps
-    from trainmedic.probe.forward import ForwardWatch
     from trainmedic.probe.sampling import StackSampler, StepStats
+    from trainmedic.probe.seams import ForwardSeam
     from trainmedic.probe.steps import StepDraft, StepTracker
     from trainmedic.record.types import RunEvent
 
@@ -104,7 +104,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.parts = Parts(config.disabled, config.inject_fault, self._report_part_error)
         self.state = HookState(training_ident=threading.main_thread().ident)
         self.tracker: StepTracker | None = None
-        self.forward: ForwardWatch | None = None
+        self.forward: ForwardSeam | None = None
         self.step_stats: StepStats | None = None
         self.cuda: Any = None
         self.torch: ModuleType | None = None

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from typing import Any, Protocol
 
     from trainmedic.channel.wire import ProbeMessage
-    from trainmedic.probe.forward import ForwardWatch
     from trainmedic.probe.parts import Parts
     from trainmedic.record.types import RunEvent
 else:
@@ -43,6 +42,35 @@ class HookState:
         self.worker_ident: int | None = None
 
 
+class ForwardSeam(Protocol):
+    """The forward watch (:class:`trainmedic.probe.forward.ForwardWatch`) as the rest
+    of the probe uses it.
+
+    Attributes:
+        pending: a discovery runs or is asked for (the one flag hot paths test).
+        discovering: a discovery of root module classes runs.
+        requested: a discovery is asked for.
+        next_routine: when the next routine discovery is due (probe clock, seconds).
+    """
+
+    pending: bool
+    discovering: bool
+    requested: bool
+    next_routine: float
+
+    def request(self) -> None:
+        """Ask for a discovery at the next safe point (any thread)."""
+
+    def step_closed(self, now: float) -> None:
+        """A step ended while discovering or with a discovery asked for."""
+
+    def fetched(self, now: float) -> None:
+        """A DataLoader batch is about to be fetched."""
+
+    def uninstall(self) -> None:
+        """Remove every wrapper that is still the probe's."""
+
+
 class ProbeSeam(Protocol):
     """The probe of this process, as the hooks use it.
 
@@ -60,7 +88,7 @@ class ProbeSeam(Protocol):
     clock: Callable[[], float]
     state: HookState
     restore: list[Callable[[], None]]
-    forward: ForwardWatch | None
+    forward: ForwardSeam | None
     cuda: Any
     role: str
 

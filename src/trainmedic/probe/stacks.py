@@ -15,7 +15,7 @@ stack into one state:
 Only Python frames are visible, so a C call made from Python (``f.read()``,
 ``cv2.imread``) leaves the caller as the innermost frame; the caller's
 bytecode then tells which function it is calling
-(:func:`trainmedic.probe.callees.callee_names`).
+(:func:`trainmedic.probe.frames.callee_names`).
 Classification is a pure function of the frames (:func:`classify`), tested on
 its own; the sampler thread (:mod:`trainmedic.probe.sampling`) aggregates
 counts (:class:`ActivityAggregate`) and sends a ``LoaderActivity`` every
@@ -24,13 +24,11 @@ counts (:class:`ActivityAggregate`) and sends a ``LoaderActivity`` every
 
 from __future__ import annotations
 
-import sysconfig
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import FrameType
 
-from trainmedic.probe.callees import CACHE_MAX, callee_names
+from trainmedic.probe.frames import CACHE_MAX, FrameInfo, callee_names, is_library
 from trainmedic.record.types import LoaderActivity
 
 STATES = ("transform", "file_read", "socket_wait", "ipc_wait", "idle", "other")
@@ -180,53 +178,6 @@ _IPC_CALLS = frozenset({"recv_bytes", "recv_bytes_into", "poll"})
 _OTHER_CALLS = frozenset(
     {"sleep", "item", "tolist", "cpu", "numpy", "synchronize", "wait_stream", "pin_memory"}
 )
-
-@dataclass(frozen=True)
-class FrameInfo:
-    """One Python frame as classification needs it.
-
-    Attributes:
-        callees: for the innermost frame, the names of the call it is making
-            (``("np", "load")`` for ``np.load(path)``), else empty.
-    """
-
-    filename: str
-    lineno: int
-    function: str
-    callees: tuple[str, ...] = ()
-
-    @property
-    def path(self) -> str:
-        return self.filename.replace("\\", "/")
-
-
-def _library_roots() -> tuple[str, ...]:
-    roots: set[str] = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        try:
-            path = sysconfig.get_paths().get(key)
-        except Exception:  # sysconfig can fail in odd installs; fall back to markers
-            path = None
-        if path:
-            roots.add(path.replace("\\", "/").rstrip("/") + "/")
-    return tuple(sorted(roots))
-
-
-_LIBRARY_ROOTS = _library_roots()
-
-
-def is_library(filename: str) -> bool:
-    """Whether ``filename`` belongs to the standard library or an installed package."""
-    path = filename.replace("\\", "/")
-    if (
-        "/site-packages/" in path
-        or "/dist-packages/" in path
-        or "/trainmedic/probe/" in path
-        or path.startswith("<")
-    ):
-        return True
-    return path.startswith(_LIBRARY_ROOTS)
-
 
 def short_name(filename: str) -> str:
     """The last two parts of a path (``PIL/Image.py``), enough to recognise a file."""

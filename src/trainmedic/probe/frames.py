@@ -1,17 +1,69 @@
-"""What a frame is calling, read from its bytecode.
+"""A Python frame as the stack classifiers see it, and what it is calling.
 
-Only Python frames are visible to the probe, so a C call made from Python
-(``f.read()``, ``cv2.imread``, ``dist.all_reduce``) leaves the caller as the
-innermost frame; the instruction the caller is at tells which function it
-calls. Used by the stack sampler (:mod:`trainmedic.probe.stacks`), the
-heartbeat (:mod:`trainmedic.probe.liveness`) and the stack dumps
-(:mod:`trainmedic.probe.forensics`).
+:class:`FrameInfo` is what :mod:`trainmedic.probe.stacks` and
+:mod:`trainmedic.probe.host_states` classify; :func:`is_library` tells the
+job's own code from libraries. Only Python frames are visible to the probe,
+so a C call made from Python (``f.read()``, ``cv2.imread``,
+``dist.all_reduce``) leaves the caller as the innermost frame; the instruction
+the caller is at tells which function it calls (:func:`callee_names`; the
+heartbeat, :mod:`trainmedic.probe.liveness`, and the stack dumps,
+:mod:`trainmedic.probe.forensics`, use it too).
 """
 
 from __future__ import annotations
 
 import dis
+import sysconfig
+from dataclasses import dataclass
 from types import CodeType
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """One Python frame as classification needs it.
+
+    Attributes:
+        callees: for the innermost frame, the names of the call it is making
+            (``("np", "load")`` for ``np.load(path)``), else empty.
+    """
+
+    filename: str
+    lineno: int
+    function: str
+    callees: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        return self.filename.replace("\\", "/")
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots: set[str] = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            path = sysconfig.get_paths().get(key)
+        except Exception:  # sysconfig can fail in odd installs; fall back to markers
+            path = None
+        if path:
+            roots.add(path.replace("\\", "/").rstrip("/") + "/")
+    return tuple(sorted(roots))
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+def is_library(filename: str) -> bool:
+    """Whether ``filename`` belongs to the standard library or an installed package."""
+    path = filename.replace("\\", "/")
+    if (
+        "/site-packages/" in path
+        or "/dist-packages/" in path
+        or "/trainmedic/probe/" in path
+        or path.startswith("<")
+    ):
+        return True
+    return path.startswith(_LIBRARY_ROOTS)
+
 
 _LOAD_OPS = frozenset(
     {
