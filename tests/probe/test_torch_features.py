@@ -161,5 +161,48 @@ def test_the_degradation_becomes_a_finding(tmp_path: Any) -> None:
     assert finding.id == "probe.degraded"
     assert finding.evidence["processes"] == [11, 12]
     assert finding.evidence["parts_off"] == ["loader"]
-    assert "torch 1.13.1" in finding.title
+    assert finding.title == (
+        "The probe measured less with torch 1.13.1 (older than 2.0, the oldest supported "
+        "release): 1 API(s) it hooks are missing, probe parts off: loader"
+    )
+    assert finding.detail is not None and "DataLoader batches" in finding.detail
     assert "2.0" in finding.fix
+
+
+def test_a_run_on_an_old_torch_says_what_the_probe_could_not_measure(tmp_path: Any) -> None:
+    """A whole ``trainmedic run`` whose job imports a torch without the hooked APIs
+    (a stand-in package): the job runs, and findings.json names what was missing."""
+    import json
+    import subprocess
+    import sys
+
+    fake = tmp_path / "old" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        '__version__ = "1.13.1"\n\nclass version:\n    cuda = None\n'
+    )
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(fake.parent)!r})\n"
+        "import time\nimport torch\nimport trainmedic\n"
+        "for _ in range(30):\n    time.sleep(0.002)\n    trainmedic.step()\n"
+        "print('done', torch.__version__)\n"
+    )
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(out),
+         "--", sys.executable, str(job)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "done 1.13.1" in result.stdout
+    findings = json.loads((out / "findings.json").read_text())["findings"]
+    (degraded,) = [f for f in findings if f["id"] == "probe.degraded"]
+    assert degraded["evidence"]["torch"] == ["1.13.1"]
+    assert set(degraded["evidence"]["parts_off"]) == {"forward", "backward", "loader"}
+    apis = {m["api"] for m in degraded["evidence"]["missing_apis"]}
+    assert "torch.optim.optimizer.register_optimizer_step_pre_hook/_post_hook" in apis
+    # The steps the script marked itself are all there.
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["src"] for s in steps] == ["api"] * 30

@@ -41,9 +41,15 @@ def probe_degraded(events: Iterable[RunEvent]) -> list[Finding]:
                 parts_off.append(str(part))
     supported = str(first.get("supported_from") or "2.0")
     newest = max((str(g.get("since")) for g in missing.values()), default=supported)
-    lost = "; ".join(str(g.get("lost")) for g in missing.values())
+    lost = [str(g.get("lost")) for g in missing.values()]
+    old = any(e.data.get("older_than_supported") for e in seen)
     title = f"The probe measured less with torch {', '.join(versions)}"
-    title += f": {lost}" if lost else f", older than {supported}, the oldest supported release"
+    if old:
+        title += f" (older than {supported}, the oldest supported release)"
+    if missing:
+        title += f": {len(missing)} API(s) it hooks are missing"
+    if parts_off:
+        title += f", probe parts off: {', '.join(parts_off)}"
     return [
         Finding(
             id="probe.degraded",
@@ -53,7 +59,12 @@ def probe_degraded(events: Iterable[RunEvent]) -> list[Finding]:
             evidence={
                 "torch": versions,
                 "missing_apis": [
-                    {"api": g.get("api"), "since": g.get("since"), "part": g.get("part")}
+                    {
+                        "api": g.get("api"),
+                        "since": g.get("since"),
+                        "part": g.get("part"),
+                        "lost": g.get("lost"),
+                    }
                     for g in missing.values()
                 ],
                 "parts_off": parts_off,
@@ -67,6 +78,7 @@ def probe_degraded(events: Iterable[RunEvent]) -> list[Finding]:
             ),
             impact=None,
             subject="probe",
+            detail="Not measured: " + "; ".join(lost) + "." if lost else None,
         )
     ]
 
