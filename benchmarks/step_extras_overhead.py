@@ -47,15 +47,14 @@ def main() -> None:
         state=SimpleNamespace(training_ident=threading.get_ident()),
         restore=[],
         cuda=SimpleNamespace(captures=0, use_device=lambda d: None),
-        _ensure_tracker=lambda: tracker,
         emit=lambda m: None,
-        _event=lambda *a: None,
+        event=lambda *a: None,
     )
     best()  # warm up
     bare, hooked = [], []
     for _ in range(args.rounds):
         bare.append(best())
-        graphs.install_step_extras(torch, probe)  # type: ignore[arg-type]
+        graphs.install_step_extras(torch, probe, tracker)  # type: ignore[arg-type]
         hooked.append(best())
         while probe.restore:
             probe.restore.pop()()

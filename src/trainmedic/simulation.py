@@ -15,7 +15,8 @@ from pathlib import Path
 
 from trainmedic.errors import SimulationFileError
 from trainmedic.framework.torch_build import TorchBuild, torch_build_from_dict
-from trainmedic.gpu.simulated import Clock, SimulatedBackend, load_simulation_json
+from trainmedic.gpu.simulated import Clock, SimulatedBackend
+from trainmedic.gpu.simulation_file import load_simulation_json
 from trainmedic.host.simulated import host_facts_from_dict
 from trainmedic.host.types import HostFacts
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from trainmedic.errors import SimulationFileError
-from trainmedic.gpu.backend import open_backend, sample_all
+from trainmedic.gpu.backend import sample_all
+from trainmedic.gpu.factory import open_backend
 from trainmedic.gpu.simulated import SimulatedBackend
 from trainmedic.gpu.types import (
     ClockEventReason,

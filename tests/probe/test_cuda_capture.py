@@ -169,7 +169,7 @@ def test_each_replay_of_a_captured_training_step_is_a_step(fake_torch: Any) -> N
     cuda, _, _ = make_cuda()
     probe = make_probe(cuda)
     tracker = probe._ensure_tracker()
-    assert graphs.install(fake_torch, probe)
+    assert graphs.install(fake_torch, probe, tracker)
     try:
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -202,7 +202,7 @@ def test_each_replay_of_a_captured_training_step_is_a_step(fake_torch: Any) -> N
 def test_the_optimizers_device_is_handed_to_the_cuda_part() -> None:
     cuda, _, _ = make_cuda()
     probe = make_probe(cuda)
-    graphs.install_device_hook(torch, probe)
+    graphs.install_device_hook(torch, probe, probe._ensure_tracker())
     try:
         seen: list[Any] = []
         cuda.use_device = seen.append  # type: ignore[method-assign]

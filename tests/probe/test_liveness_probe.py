@@ -8,7 +8,6 @@ import time
 from trainmedic.probe.liveness import ThreadSamples, describe_frame, main_frame
 from trainmedic.resilience.places import Place, PlaceKind, classify_place
 
-
 SAMPLES = 20
 
 

@@ -7,8 +7,9 @@ from typing import ClassVar
 import pytest
 
 from trainmedic.channel.wire import STEP_COLUMNS, StepBatch, decode_line
+from trainmedic.probe.agent import IDLE_STEPS_S
 from trainmedic.probe.env import ProbeConfig
-from trainmedic.probe.runtime import IDLE_STEPS_S, Probe
+from trainmedic.probe.runtime import Probe
 from trainmedic.probe.sampling import StepStats
 from trainmedic.probe.segments import Segment
 from trainmedic.probe.steps import StepDraft, StepTracker

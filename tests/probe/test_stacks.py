@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
+from trainmedic.probe.frames import FrameInfo, callee_names
 from trainmedic.probe.sampling import StackSampler
 from trainmedic.probe.stacks import (
     STATES,
     ActivityAggregate,
-    FrameInfo,
     StackCache,
-    callee_names,
     classify,
     frame_key,
     read_frames,

@@ -27,7 +27,7 @@ class FakeProbe:
         self.restore: list[Any] = []
         self.state = SimpleNamespace(training_ident=threading.get_ident())
 
-    def _event(self, kind: str, message: str, data: dict[str, Any]) -> RunEvent:
+    def event(self, kind: str, message: str, data: dict[str, Any]) -> RunEvent:
         return RunEvent(t=0.0, kind=kind, message=message, data=data)
 
     def emit(self, event: RunEvent) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainmedic.supervise.forensics import (
+import pytest
+
+from trainmedic.supervise import forensics
+from trainmedic.supervise.stack_dumps import (
     JobProcess,
     ProcessStacks,
     StackFrame,
@@ -132,3 +135,35 @@ def test_json_dumps_win_over_text_and_heartbeats_fill_in(tmp_path: Path) -> None
     assert stacks[43].source == "heartbeat"
     assert stacks[43].focus is not None
     assert stacks[43].focus.frames[0] == StackFrame("train.py", 5, "main")
+
+
+def test_py_spy_is_found_beside_the_interpreter_of_an_inactive_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").touch()
+    spy = bin_dir / "py-spy"
+    spy.write_text("#!/bin/sh\n")
+    spy.chmod(0o755)
+    monkeypatch.setattr(forensics.sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert forensics.find_py_spy() == str(spy)
+    spy.unlink()
+    monkeypatch.setattr(forensics.sysconfig, "get_path", lambda name: str(tmp_path / "none"))
+    assert forensics.find_py_spy() is None
+
+
+def test_without_py_spy_the_hang_file_says_which_extra_brings_it(tmp_path: Path) -> None:
+    captured = forensics.capture_hang(
+        tmp_path,
+        [JobProcess(pid=2**22 + 7, role="unknown")],  # no such process: nothing to signal
+        lead_pid=None,
+        verdict={"kind": "hang"},
+        py_spy=None,
+        sleep=lambda s: None,
+    )
+    note = "py-spy is not installed: no native stacks (pip install 'trainmedic[native]')"
+    assert note in captured.notes
+    assert json.loads((tmp_path / "hang.json").read_text())["notes"] == list(captured.notes)
+    assert (tmp_path / "hang.json").stat().st_mode & 0o777 == 0o600

@@ -23,12 +23,14 @@ from trainmedic.cli.options import simulate_option
 from trainmedic.demo.resilience_scenarios import RESILIENCE_SCENARIOS
 from trainmedic.demo.scenarios import (
     DEFAULT_SCENARIO,
+    DEMO_MODULES,
     SCENARIOS,
     SCRIPT,
     Scenario,
     dataset_dir,
 )
 from trainmedic.errors import RunDirectoryError
+from trainmedic.optional import require
 from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE
 
 
@@ -74,6 +76,7 @@ def demo(
         _list_scenarios()
         list_resilience_scenarios()
         return 0
+    require("trainmedic demo", DEMO_MODULES, "demo")  # torch is not a core dependency
     if scenario in RESILIENCE_SCENARIOS:  # hang, crash, oom: cli/demo_resilience.py
         return run_resilience_demo(ctx, scenario, out, quiet)
     from trainmedic.cli.run_cmd import COMMAND as run_command

@@ -16,6 +16,8 @@ from trainmedic.findings.model import Category
 
 DEMO_DIR = Path(__file__).resolve().parent
 SCRIPT = DEMO_DIR / "train_lenet.py"
+DEMO_MODULES = ("torch", "numpy")
+"""What the demo's training scripts import beyond trainmedic (the ``demo`` extra)."""
 """The training script the demo runs; it knows nothing about trainmedic."""
 SIMULATIONS_DIR = DEMO_DIR / "simulations"
 

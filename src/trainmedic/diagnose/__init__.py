@@ -21,6 +21,7 @@ from trainmedic.diagnose.incidents import incidents
 from trainmedic.diagnose.input_bound import input_bound
 from trainmedic.diagnose.memory import memory_pressure
 from trainmedic.diagnose.precision import no_mixed_precision
+from trainmedic.diagnose.probe_coverage import probe_coverage
 from trainmedic.diagnose.probe_reach import probe_reach
 from trainmedic.diagnose.ranks import distributed
 from trainmedic.diagnose.shm import shm_too_small
@@ -52,6 +53,7 @@ RULES: tuple[Rule, ...] = (
     stalls,
     incidents,
     probe_reach,
+    probe_coverage,
     distributed,
 )
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from trainmedic.doctor.facts import GpuFacts, MachineFacts
 from trainmedic.framework.torch_build import TorchBuild, read_torch_build
-from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none, sample_all
+from trainmedic.gpu.backend import GpuBackend, sample_all
+from trainmedic.gpu.factory import open_nvml_or_none
 from trainmedic.gpu.simulated import SimulatedBackend
 from trainmedic.host.gather import gather_host_facts
 from trainmedic.host.kernel_log import read_driver_lines

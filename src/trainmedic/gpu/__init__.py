@@ -5,9 +5,9 @@ from trainmedic.gpu.backend import (
     NoGpuBackend,
     XidNotice,
     XidWatch,
-    open_backend,
     sample_all,
 )
+from trainmedic.gpu.factory import open_backend
 from trainmedic.gpu.types import (
     ClockEventReason,
     DriverInfo,

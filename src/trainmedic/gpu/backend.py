@@ -1,8 +1,9 @@
 """The GPU backend seam: one interface, NVML or simulated behind it.
 
-Callers ask :func:`open_backend` for a backend and read typed
-:class:`~trainmedic.gpu.types.GpuSample` objects from it; nothing above this
-package imports NVML.
+Callers ask :func:`trainmedic.gpu.factory.open_backend` for a backend and read
+typed :class:`~trainmedic.gpu.types.GpuSample` objects from it; nothing above
+this package imports NVML. This module holds only the interface (and the
+backend of a machine without GPUs): the backends import it, never the reverse.
 """
 
 from __future__ import annotations
@@ -106,23 +107,3 @@ class NoGpuBackend:
 def sample_all(backend: GpuBackend) -> list[GpuSample]:
     """One reading of every GPU the backend sees."""
     return [backend.sample(i) for i in range(backend.device_count())]
-
-
-def open_backend(simulate: str | None = None) -> GpuBackend:
-    """NVML when available, the simulated backend when ``simulate`` names a file.
-
-    Never raises for a missing driver: that yields a :class:`NoGpuBackend`.
-    Raises :class:`~trainmedic.errors.SimulationFileError` for a bad file.
-    """
-    if simulate is not None:
-        from trainmedic.gpu.simulated import SimulatedBackend
-
-        return SimulatedBackend.from_file(simulate)
-    return open_nvml_or_none()
-
-
-def open_nvml_or_none() -> GpuBackend:
-    """The NVML backend, or a :class:`NoGpuBackend` saying why there is none."""
-    from trainmedic.gpu.nvml import open_nvml
-
-    return open_nvml()

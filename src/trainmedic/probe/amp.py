@@ -29,7 +29,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainmedic.probe.runtime import Probe
+    from trainmedic.probe.seams import ProbeSeam
+    from trainmedic.probe.steps import StepTracker
 
 EACH_SKIP_EVENTS = 10
 """Skips reported one by one before reporting only at powers of two."""
@@ -72,7 +73,7 @@ def _scaler_class(torch: Any) -> Any:
     return cls
 
 
-def install(torch: Any, probe: Probe) -> bool:
+def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     """Wrap ``GradScaler.step``; ``False`` when this torch has no GradScaler."""
     scaler_cls = _scaler_class(torch)
     if scaler_cls is None:
@@ -82,7 +83,6 @@ def install(torch: Any, probe: Probe) -> bool:
     optimizer_mod = importlib.import_module("torch.optim.optimizer")
     original = scaler_cls.step
     part = probe.parts["steps"]
-    tracker = probe._ensure_tracker()
     clock = probe.clock
     state = probe.state
     counter = SkipCounter()
@@ -99,7 +99,7 @@ def install(torch: Any, probe: Probe) -> bool:
         )
         if step is not None and not final:
             message = f"GradScaler skipped optimizer step {step} (inf/NaN gradients); " + message
-        probe.emit(probe._event("grad_scaler", message, counter.data(step, final)))
+        probe.emit(probe.event("grad_scaler", message, counter.data(step, final)))
 
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         if not part.on or _get_ident() != state.training_ident:

@@ -39,7 +39,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainmedic.probe.runtime import Probe
+    from trainmedic.probe.seams import ProbeSeam
 
 APPLY_ENV = "TRAINMEDIC_APPLY"  # trainmedic.remedies.apply_plan.APPLY_ENV (no import at start-up)
 PREFLIGHT_TIMEOUT_S = 120
@@ -47,7 +47,7 @@ PREFLIGHT_TIMEOUT_S = 120
 SHAPE_CHECK_BATCHES = 20  # trainmedic.remedies.switches.SHAPE_CHECK_CALLS
 
 
-def install(torch: Any, probe: Probe) -> Applier | None:
+def install(torch: Any, probe: ProbeSeam) -> Applier | None:
     """Apply ``TRAINMEDIC_APPLY`` in this process; ``None`` when there is no plan."""
     raw = os.environ.get(APPLY_ENV)
     if not raw or probe.role == "worker":
@@ -100,7 +100,7 @@ class _Changed:
 class Applier:
     """The plan in one process."""
 
-    def __init__(self, torch: Any, probe: Probe, plan: dict[str, Any]) -> None:
+    def __init__(self, torch: Any, probe: ProbeSeam, plan: dict[str, Any]) -> None:
         self.torch = torch
         self.probe = probe
         self.plan = plan
@@ -123,7 +123,7 @@ class Applier:
 
     def event(self, kind: str, message: str, data: dict[str, Any]) -> None:
         data = {"source": self.plan.get("source"), **data}
-        self.probe.emit(self.probe._event(kind, message, data))
+        self.probe.emit(self.probe.event(kind, message, data))
 
     def fail(self, exc: BaseException) -> None:
         if not self.on:

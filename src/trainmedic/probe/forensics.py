@@ -108,7 +108,7 @@ def collect(
     "function", "calls"}``, where ``calls`` names what the frame is calling
     (``["time", "sleep"]``) when its bytecode tells.
     """
-    from trainmedic.probe.stacks import callee_names
+    from trainmedic.probe.frames import callee_names
 
     # threading._active without its lock: a dump must never wait on a lock the
     # stuck thread may hold.

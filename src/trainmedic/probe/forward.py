@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 from trainmedic.probe.hookutil import autocast_readers, batch_size, compiling_reader
 
 if TYPE_CHECKING:
-    from trainmedic.probe.runtime import Probe
+    from trainmedic.probe.seams import ProbeSeam
+    from trainmedic.probe.steps import StepTracker
 
 DISCOVERY_STEPS = 3
 """Steps ended while discovering before the classes seen are patched."""
@@ -71,11 +72,11 @@ class ForwardWatch:
     Every method runs on the training thread except :meth:`request`.
     """
 
-    def __init__(self, torch: Any, probe: Probe) -> None:
+    def __init__(self, torch: Any, probe: ProbeSeam, tracker: StepTracker) -> None:
         self.module_cls: type = torch.nn.Module
         self._base = self.module_cls.__dict__["__call__"]
         self._probe = probe
-        self._tracker = probe._ensure_tracker()
+        self._tracker = tracker
         self._tensor = torch.Tensor
         self._is_compiling = compiling_reader(torch)
         self._autocast = autocast_readers(torch)
@@ -205,7 +206,7 @@ class ForwardWatch:
         """
         probe = self._probe
         part = probe.parts["forward"]
-        tracker = probe._ensure_tracker()
+        tracker = self._tracker
         clock = probe.clock
         state = probe.state
         module_cls = self.module_cls
@@ -267,10 +268,10 @@ class ForwardWatch:
         return __call__
 
 
-def install(torch: Any, probe: Probe) -> ForwardWatch:
+def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> ForwardWatch:
     """Start watching outermost module calls (discovering first) as ``probe.forward``;
     undone by ``probe.restore``."""
-    watch = ForwardWatch(torch, probe)
+    watch = ForwardWatch(torch, probe, tracker)
     watch.install()
     probe.restore.append(watch.uninstall)
     return watch

@@ -18,7 +18,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainmedic.probe.runtime import Probe
+    from trainmedic.probe.seams import ProbeSeam
+    from trainmedic.probe.steps import StepTracker
 
 _get_ident = threading.get_ident
 
@@ -30,7 +31,7 @@ def _first_param_device(optimizer: Any) -> Any:
     return None
 
 
-def install_device_hook(torch: Any, probe: Probe) -> bool:
+def install_device_hook(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     """Tell the CUDA part which device each optimizer's parameters live on."""
     import importlib
 
@@ -57,7 +58,7 @@ def install_device_hook(torch: Any, probe: Probe) -> bool:
     return True
 
 
-def install(torch: Any, probe: Probe) -> bool:
+def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     """Wrap ``torch.cuda.CUDAGraph``'s capture and replay; ``False`` without it."""
     graph_cls = getattr(getattr(torch, "cuda", None), "CUDAGraph", None)
     if graph_cls is None or not hasattr(graph_cls, "replay"):
@@ -66,7 +67,6 @@ def install(torch: Any, probe: Probe) -> bool:
 
     optimizer_mod = importlib.import_module("torch.optim.optimizer")
     steps = probe.parts["steps"]
-    tracker = probe._ensure_tracker()
     clock = probe.clock
     state = probe.state
     begin, end, replay = graph_cls.capture_begin, graph_cls.capture_end, graph_cls.replay
@@ -137,13 +137,19 @@ def _restorer(cls: Any, name: str, original: Any) -> Any:
     return restore
 
 
-def install_step_extras(torch: Any, probe: Probe) -> list[str]:
+def install_step_extras(
+    torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str] = frozenset()
+) -> list[str]:
     """The hooks beyond torch_hooks': GradScaler skips, CUDA graphs, the event device.
 
-    Each failure disables its own part only; returns the names installed.
+    Each failure disables its own part only; returns the names installed. All three
+    rest on the global optimizer step hooks; ``missing`` (features this torch lacks)
+    leaves out what cannot be installed.
     """
     from trainmedic.probe import amp
 
+    if "optimizer_step_hooks" in missing:
+        return []
     installed: list[str] = []
     steps, cuda = probe.parts["steps"], probe.parts["cuda"]
     for name, part, installer in (
@@ -151,10 +157,10 @@ def install_step_extras(torch: Any, probe: Probe) -> list[str]:
         ("cuda_graphs", steps, install),
         ("cuda_device", cuda, install_device_hook),
     ):
-        if not part.on:
+        if not part.on or name in missing:
             continue
         try:
-            if installer(torch, probe):
+            if installer(torch, probe, tracker):
                 installed.append(name)
         except Exception as exc:
             part.fail(exc)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from trainmedic.probe.stacks import FrameInfo, is_library
+from trainmedic.probe.frames import FrameInfo, is_library
 
 DATA_STATES = ("transform", "file_read", "socket_wait", "ipc_wait")
 """States of time outside the step that prepare data."""

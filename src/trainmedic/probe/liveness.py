@@ -66,7 +66,7 @@ def describe_frame(
     """``(frames, modules, calls, op)`` of the stack from ``frame`` outwards:
     ``"file:line function"`` and the module of at most ``limit`` frames,
     innermost first; what the innermost frame calls; its instruction."""
-    from trainmedic.probe.stacks import callee_names
+    from trainmedic.probe.frames import callee_names
 
     frames: list[str] = []
     modules: list[str] = []

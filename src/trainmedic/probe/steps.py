@@ -1,5 +1,11 @@
 """Where steps begin and end, and how each step's time splits, in one process.
 
+One module because it is one state machine (:class:`StepTracker`) whose
+events run on the training thread at every hook call: its hot paths are
+written inline on purpose (docs/performance.md), and pieces moved elsewhere
+would cost the training thread a call each. The step records it produces are
+:mod:`trainmedic.probe.segments`'.
+
 :class:`StepTracker` is pure bookkeeping with no torch in it: the hooks in
 :mod:`trainmedic.probe.torch_hooks` (and the public API) feed it events with
 times from one monotonic clock, and it emits a :class:`StepDraft` per step.

@@ -32,13 +32,20 @@ from trainmedic.probe import forward
 from trainmedic.probe.hookutil import batch_size
 
 if TYPE_CHECKING:
-    from trainmedic.probe.runtime import Probe
+    from trainmedic.probe.seams import ProbeSeam
+    from trainmedic.probe.steps import StepTracker
 
 _get_ident = threading.get_ident
 
 
-def install(torch: Any, probe: Probe) -> list[str]:
-    """Install every hook whose part is on; returns the names of those installed."""
+def install(
+    torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str] = frozenset()
+) -> list[str]:
+    """Install every hook whose part is on; returns the names of those installed.
+
+    ``missing``: the features this torch lacks (:func:`trainmedic.probe.torch_features.find_gaps`),
+    whose hooks are left out.
+    """
     installed: list[str] = []
     steps = probe.parts["steps"]
     for name, installer in (
@@ -50,17 +57,19 @@ def install(torch: Any, probe: Probe) -> list[str]:
         part = probe.parts[name]
         if not part.on or (name != "loader" and not steps.on):
             continue
+        if name == "steps" and "optimizer_step_hooks" in missing:
+            continue  # steps end at backward calls instead (the tracker's backward mode)
         try:
-            installer(torch, probe)
+            installer(torch, probe, tracker, missing)
             installed.append(name)
         except Exception as exc:
             part.fail(exc)
     from trainmedic.probe.graphs import install_step_extras  # GradScaler, CUDA graphs
 
-    return installed + install_step_extras(torch, probe)
+    return installed + install_step_extras(torch, probe, tracker, missing)
 
 
-def uninstall(probe: Probe) -> None:
+def uninstall(probe: ProbeSeam) -> None:
     """Put torch back as it was (hooks removed, originals restored), newest first."""
     while probe.restore:
         probe.restore.pop()()
@@ -69,11 +78,12 @@ def uninstall(probe: Probe) -> None:
 # --- optimizer steps ----------------------------------------------------------------------
 
 
-def _install_optimizer_hooks(torch: Any, probe: Probe) -> None:
+def _install_optimizer_hooks(
+    torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str]
+) -> None:
     # ``torch.optim`` deletes its ``optimizer`` attribute; the module is still there.
     optimizer_mod = importlib.import_module("torch.optim.optimizer")
     part = probe.parts["steps"]
-    tracker = probe._ensure_tracker()
     clock = probe.clock
     state = probe.state
 
@@ -104,18 +114,21 @@ def _install_optimizer_hooks(torch: Any, probe: Probe) -> None:
 # --- outermost forward calls ---------------------------------------------------------------
 
 
-def _install_forward(torch: Any, probe: Probe) -> None:
-    forward.install(torch, probe)  # see trainmedic.probe.forward
+def _install_forward(
+    torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str]
+) -> None:
+    forward.install(torch, probe, tracker)  # see trainmedic.probe.forward
 
 
 # --- backward ----------------------------------------------------------------------------------
 
 
-def _install_backward(torch: Any, probe: Probe) -> None:
+def _install_backward(
+    torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str]
+) -> None:
     autograd = torch.autograd
     original = autograd.backward
     part = probe.parts["backward"]
-    tracker = probe._ensure_tracker()
     clock = probe.clock
     state = probe.state
 
@@ -148,7 +161,9 @@ def _install_backward(torch: Any, probe: Probe) -> None:
 # --- DataLoaders ---------------------------------------------------------------------------------
 
 
-def _install_loader(torch: Any, probe: Probe) -> None:
+def _install_loader(
+    torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str]
+) -> None:
     data = torch.utils.data
     dataloader_mod = data.dataloader
     iter_cls = dataloader_mod._BaseDataLoaderIter
@@ -156,7 +171,6 @@ def _install_loader(torch: Any, probe: Probe) -> None:
     original_next = iter_cls.__next__
     original_iter = loader_cls.__iter__
     part = probe.parts["loader"]
-    tracker = probe._ensure_tracker()
     clock = probe.clock
     state = probe.state
     tensor = torch.Tensor
@@ -219,11 +233,13 @@ def _install_loader(torch: Any, probe: Probe) -> None:
     loader_cls.__iter__ = __iter__
     probe.restore.append(lambda: setattr(iter_cls, "__next__", original_next))
     probe.restore.append(lambda: setattr(loader_cls, "__iter__", original_iter))
-    _install_worker_loop(data, probe)
-    _install_pin_loop(data, probe)
+    if "worker_loop" not in missing:
+        _install_worker_loop(data, probe)
+    if "pin_memory_loop" not in missing:
+        _install_pin_loop(data, probe)
 
 
-def _install_worker_loop(data: Any, probe: Probe) -> None:
+def _install_worker_loop(data: Any, probe: ProbeSeam) -> None:
     worker_mod = data._utils.worker
     original = worker_mod._worker_loop
 
@@ -241,7 +257,7 @@ def _install_worker_loop(data: Any, probe: Probe) -> None:
     probe.restore.append(lambda: setattr(worker_mod, "_worker_loop", original))
 
 
-def _install_pin_loop(data: Any, probe: Probe) -> None:
+def _install_pin_loop(data: Any, probe: ProbeSeam) -> None:
     pin_mod = data._utils.pin_memory
     original = pin_mod._pin_memory_loop
 

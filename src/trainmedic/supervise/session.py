@@ -30,7 +30,8 @@ from trainmedic import __version__
 from trainmedic.channel.server import ChannelServer
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.errors import RunDirectoryError
-from trainmedic.gpu.backend import GpuBackend, open_nvml_or_none
+from trainmedic.gpu.backend import GpuBackend
+from trainmedic.gpu.factory import open_nvml_or_none
 from trainmedic.ostext import printable
 from trainmedic.record.guard import RecordGuard, RecordLoss, WriteFn
 from trainmedic.record.store import META_FILE, RunRecordWriter

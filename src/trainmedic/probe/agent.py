@@ -1,0 +1,372 @@
+"""The probe's background work: sending to the supervisor, heartbeats, what stacks to sample.
+
+:class:`ProbeAgent` is the part of :class:`trainmedic.probe.runtime.Probe` that
+runs on the probe's own thread (``trainmedic-probe``) and on the stack
+sampler's: the training thread only appends to the outbox, and this thread
+builds the step records from the queued drafts, sends them every
+:data:`FLUSH_S`, sends a heartbeat every :data:`HEARTBEAT_S` and asks the
+forward watch to look for new root modules. It also says which threads the
+stack sampler (:mod:`trainmedic.probe.sampling`) looks at, and when.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
+if TYPE_CHECKING:
+    from collections import deque
+    from collections.abc import Callable
+    from typing import Any
+
+    from trainmedic.channel.client import ChannelClient
+    from trainmedic.channel.wire import ProbeMessage
+    from trainmedic.probe.env import ProbeConfig
+    from trainmedic.probe.parts import Parts
+    from trainmedic.probe.sampling import StackSampler, StepStats
+    from trainmedic.probe.seams import ForwardSeam, HookState
+    from trainmedic.probe.steps import StepDraft, StepTracker
+
+FLUSH_S = 0.25
+"""Seconds between two sends of the outbox."""
+HEARTBEAT_S = 1.0
+"""Seconds between two heartbeats."""
+FIRST_CONNECT_DELAY_S = 0.2
+"""The first connection waits this long (the hello then carries the final
+``sys.argv``, and processes shorter than this with nothing to say send nothing)."""
+BATCH_STEPS = 64
+"""Steps per ``steps`` line at most. The probe's thread yields the interpreter
+to the training thread after each line (``time.sleep(0)``), so that it never
+holds the GIL for long while the training thread waits for it."""
+IDLE_STEPS_S = 2.0
+"""Seconds without a step (and at least 3 usual steps), the job working, after
+which the probe's thread asks the forward watch to look for new root modules."""
+HEARTBEAT_FRAMES = 6
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _short_name(filename: str) -> str:
+    parts = filename.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:])
+
+
+class ProbeAgent:
+    """The background threads' side of the probe (mixed into ``Probe``)."""
+
+    # What this side reads of the probe (set by ``Probe.__init__``).
+    config: ProbeConfig
+    parts: Parts
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    wall_offset: float
+    started_at: float
+    pid: int
+    role: str
+    rank: int | None
+    local_rank: int | None
+    state: HookState
+    tracker: StepTracker | None
+    forward: ForwardSeam | None
+    step_stats: StepStats | None
+    outbox: deque[ProbeMessage | tuple[StepDraft, Any, Any]]
+    client: ChannelClient | None
+    failed: bool
+    sampler: StackSampler | None
+    dump_requested: bool
+    _stop: threading.Event
+    _hello_due: bool
+    _connected: bool
+    _forward_mark: tuple[int, int, int, float, bool]
+
+    _dump_stacks: Callable[[], None]  # ProbeIncidents
+    emit: Callable[[ProbeMessage], None]  # Probe
+
+    # --- stack sampling --------------------------------------------------------------------------
+
+    def _start_sampler(self) -> None:
+        part = self.parts["stacks"]
+        if self.sampler is not None or not part.on:
+            return
+        try:
+            from trainmedic.probe.sampling import MainPolicy, StackSampler, StepStats, WorkerPolicy
+
+            policy: MainPolicy | WorkerPolicy
+            if self.role == "worker":
+                policy = WorkerPolicy()
+            else:
+                if self.step_stats is None:
+                    self.step_stats = StepStats()
+                policy = MainPolicy(self.step_stats, self._waiting_since, self.clock)
+            self.sampler = StackSampler(
+                targets=self._stack_targets,
+                emit=self.emit,
+                on_error=part.fail,
+                pid=self.pid,
+                wall=self.wall,
+                check=part.check,
+                period=policy.period,
+            )
+            self.sampler.start()
+        except Exception as exc:
+            part.fail(exc)
+
+    def _stack_targets(self) -> list[tuple[int, str]]:
+        if not self.parts["stacks"].on:
+            return []
+        state = self.state
+        if self.role == "worker":
+            return [] if state.worker_ident is None else [(state.worker_ident, "worker")]
+        ident = state.training_ident
+        tracker = self.tracker
+        if ident is None or tracker is None:
+            return []
+        if tracker.loader_wait_started is not None:
+            return [(ident, "main"), *((t, "pin") for t in list(state.pin_threads))]
+        if not state.loader_used and tracker.started and not tracker.in_compute:
+            return [(ident, "self")]
+        return []
+
+    def _waiting_since(self) -> float | None:
+        """When the training thread's current wait for data began (probe clock), or ``None``."""
+        tracker = self.tracker
+        if tracker is None:
+            return None
+        since = tracker.loader_wait_started
+        if since is None and not self.state.loader_used and not tracker.in_compute:
+            since = tracker.outside_since
+        return since
+
+    def step_marked(self) -> None:
+        """A step ended: scripts without a DataLoader get their batch preparation sampled."""
+        if not self.state.loader_used and self.sampler is None:
+            self._start_sampler()
+
+    def _step_row(self, draft: StepDraft, timing: Any, alloc: Any) -> list[Any]:
+        """The step's values in :data:`~trainmedic.channel.wire.STEP_COLUMNS` order
+        (the probe's thread builds them: the training thread only queued the draft)."""
+        _, duration, outside, data_wait, compute = draft.times()
+        gpu_time: float | None = None
+        if timing is not None:
+            gpu_time = timing.gpu_time_s
+            if (
+                draft.loader_fetches == 0
+                and compute is not None
+                and timing.idle_before_s is not None
+            ):
+                # The GPU's idle gap before the step, not host time spent in a sync.
+                data_wait = min(outside, timing.idle_before_s)
+        if alloc is None:
+            return [
+                draft.step, draft.t_end + self.wall_offset, duration, data_wait, compute,
+                gpu_time, draft.samples, draft.source, draft.phase, None, None, None, None,
+                draft.autocast,
+            ]  # fmt: skip
+        return [
+            draft.step, draft.t_end + self.wall_offset, duration, data_wait, compute,
+            gpu_time, draft.samples, draft.source, draft.phase, alloc.alloc_peak_bytes,
+            alloc.reserved_peak_bytes, alloc.alloc_retries, alloc.ooms, draft.autocast,
+        ]  # fmt: skip
+
+    def _agent_main(self) -> None:
+        stop = self._stop
+        if stop.wait(FIRST_CONNECT_DELAY_S) and not self.outbox:
+            return
+        next_heartbeat = 0.0
+        try:
+            while True:
+                stopping = stop.is_set()
+                now = time.monotonic()
+                if not stopping:
+                    self._sample_main()
+                if not stopping and now >= next_heartbeat:
+                    next_heartbeat = now + HEARTBEAT_S
+                    self._heartbeat()
+                if self.dump_requested:
+                    self.dump_requested = False
+                    self._dump_stacks()
+                self._flush()
+                if stopping or self.failed:
+                    return
+                self._watch_forward(now)
+                stop.wait(FLUSH_S)
+        except Exception:
+            # The channel code itself failed (an interpreter shutting down, say):
+            # stop reporting; the job goes on.
+            self.failed = True
+            self.outbox.clear()
+            try:
+                self._go_quiet()
+            except Exception:
+                return
+
+    def _sample_main(self) -> None:
+        """One sample of the training thread for the next heartbeat
+        (:mod:`trainmedic.probe.liveness`)."""
+        if not self.parts["heartbeat"].on:
+            return
+        try:
+            samples = self.__dict__.get("_liveness")
+            if samples is None or samples[0] != self.pid:  # new, or inherited by a fork
+                from trainmedic.probe.liveness import ThreadSamples
+
+                samples = self.__dict__["_liveness"] = (self.pid, ThreadSamples())
+            samples[1].sample()
+        except Exception as exc:
+            self.parts["heartbeat"].fail(exc)
+
+    def _watch_forward(self, now: float) -> None:
+        """Ask the forward watch to look for new root modules (it acts at the training
+        thread's next step end or fetch): when steps ended with no forward call seen
+        (a model of another class took over), when train steps stop for a while but
+        the job keeps working (an evaluation, maybe of another model), and routinely."""
+        watch = self.forward
+        tracker = self.tracker
+        if watch is None or tracker is None or watch.discovering or watch.requested:
+            return
+        steps, forwards, work = sum(tracker.steps_by_phase.values()), tracker.forwards, tracker.work
+        last_steps, last_forwards, last_work, since, asked = self._forward_mark
+        if steps != last_steps:
+            self._forward_mark = (steps, forwards, work, now, False)
+            if forwards == last_forwards or self.clock() >= watch.next_routine:
+                watch.request()
+            return
+        stats = self.step_stats
+        usual = 3.0 * stats.step_s if stats is not None else 0.0
+        if not asked and work != last_work and now - since >= max(IDLE_STEPS_S, usual):
+            watch.request()
+            self._forward_mark = (steps, last_forwards, last_work, since, True)
+
+    def _heartbeat(self) -> None:
+        part = self.parts["heartbeat"]
+        if not part.on:
+            return
+        try:
+            from trainmedic.channel.wire import Heartbeat
+            from trainmedic.probe.liveness import describe_frame, main_frame
+
+            part.check()
+            ident = self.state.worker_ident if self.role == "worker" else self.state.training_ident
+            stack, modules, calls, op = describe_frame(
+                main_frame(ident), HEARTBEAT_FRAMES, _short_name
+            )
+            samples = self.__dict__.get("_liveness")
+            counts = samples[1].take() if samples is not None and samples[0] == self.pid else (0, 0)
+            tracker = self.tracker
+            self.outbox.append(
+                Heartbeat(
+                    pid=self.pid,
+                    t=self.wall(),
+                    steps=0 if tracker is None else tracker.train_steps,
+                    phase="train" if tracker is None else tracker.phase,
+                    activity="other" if tracker is None else tracker.activity,
+                    stack=stack,
+                    cpu_s=time.process_time(),
+                    work=0 if tracker is None else tracker.work,
+                    modules=modules,
+                    calls=calls,
+                    op=op,
+                    samples=counts[0],
+                    gil_busy=counts[1],
+                    probe_tid=threading.get_native_id(),
+                )
+            )
+        except Exception as exc:
+            part.fail(exc)
+
+    def _hello_line(self) -> bytes:
+        from trainmedic.channel.wire import Hello, encode_message
+
+        hello = Hello(
+            pid=self.pid,
+            ppid=os.getppid(),
+            role=self.role,
+            argv=tuple(str(a) for a in sys.argv),
+            rank=self.rank,
+            local_rank=self.local_rank,
+            python=sys.version.split()[0],
+            executable=sys.executable,
+            t=self.started_at,
+            node=os.uname().nodename,
+            node_rank=_env_int("GROUP_RANK"),
+            world_size=_env_int("WORLD_SIZE"),
+        )
+        return encode_message(hello, token=self.config.token)
+
+    def _flush(self) -> None:
+        """Send the outbox (hello first when due); on a broken channel, drop it.
+
+        Consecutive steps go out as one ``steps`` line of rows."""
+        from trainmedic.channel.client import ChannelClient
+        from trainmedic.channel.wire import encode_message, encode_steps
+
+        if self.client is None:
+            self.client = ChannelClient(self.config.address)
+        chunks: list[bytes] = []
+        if self._hello_due:
+            self._hello_due = False
+            chunks.append(self._hello_line())
+        outbox = self.outbox
+        rows: list[list[Any]] = []
+        train_s = wait_s = 0.0
+        train_steps = 0
+        while True:
+            try:
+                message = outbox.popleft()
+            except IndexError:
+                break
+            try:
+                if isinstance(message, tuple):
+                    row = self._step_row(*message)
+                    rows.append(row)
+                    if row[8] == "train":  # phase; duration and data wait in columns 2, 3
+                        train_s += row[2]
+                        wait_s += row[3]
+                        train_steps += 1
+                    if len(rows) < BATCH_STEPS:
+                        continue
+                if rows:
+                    chunks.append(encode_steps(self.pid, self.rank, rows))
+                    rows = []
+                    time.sleep(0)  # let a training thread waiting for the GIL have it
+                if not isinstance(message, tuple):
+                    chunks.append(encode_message(message))
+            except Exception:
+                rows = []
+                continue  # one unencodable record must not stop the others
+        if rows:
+            try:
+                chunks.append(encode_steps(self.pid, self.rank, rows))
+            except Exception:
+                rows = []  # unencodable (not expected: rows hold numbers and strings)
+        if train_steps and self.step_stats is not None:
+            self.step_stats.add(train_s, wait_s, train_steps)
+        if not chunks:
+            return
+        if self.client.send(b"".join(chunks)):
+            self._connected = True
+        else:
+            self.failed = True
+            outbox.clear()
+            self._go_quiet()
+
+    def _go_quiet(self) -> None:
+        """The supervisor is gone (its socket broke, e.g. it was killed): switch every
+        part off, so each hook costs one attribute read and the job pays nothing more."""
+        for part in self.parts.by_name.values():
+            part.on = False
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            try:
+                sampler.stop()
+            except Exception:
+                return  # its thread ends with the process anyway
