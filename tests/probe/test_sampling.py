@@ -9,6 +9,7 @@ import pytest
 
 from trainmedic.probe.sampling import (
     FAST_S,
+    FIRST_S,
     FIRST_SAMPLES,
     SLOW_S,
     STALL_FLOOR_S,
@@ -62,7 +63,7 @@ def test_a_loader_bound_process_is_sampled_often_enough_for_its_diagnosis() -> N
         # The first samples of the wait come as fast as they can: a run of a few
         # seconds needs them all for its diagnosis.
         periods = [policy.period("file_read") for _ in range(FIRST_SAMPLES)]
-        assert periods[: FIRST_SAMPLES - 1] == [FAST_S] * (FIRST_SAMPLES - 1)
+        assert periods[: FIRST_SAMPLES - 1] == [FIRST_S] * (FIRST_SAMPLES - 1)
         period = policy.period("file_read")
         assert FAST_S <= period < SLOW_S
         # Then about WAIT_SAMPLES_PER_S samples of the wait a second, whatever its share.
@@ -72,7 +73,7 @@ def test_a_loader_bound_process_is_sampled_often_enough_for_its_diagnosis() -> N
 def test_wake_ups_that_found_nothing_waiting_do_not_count_as_samples() -> None:
     policy = MainPolicy(stats_of(0.01, 0.9), lambda: None, Clock())
     for _ in range(3 * FIRST_SAMPLES):
-        assert policy.period(None) == FAST_S
+        assert policy.period(None) == FIRST_S
     assert policy.taken == 0
 
 

@@ -5,7 +5,7 @@ diagnosing, and rare (:data:`SLOW_S`) while steps are healthy:
 
 * in the training process (:class:`MainPolicy`): frequent while the recent
   data wait is at least :data:`WATCH_SHARE` of step time (the diagnosis
-  reports a data wait from 20 %) - every :data:`FAST_S` for the first
+  reports a data wait from 20 %) - every :data:`FIRST_S` for the first
   :data:`FIRST_SAMPLES` samples of the wait, then about
   :data:`WAIT_SAMPLES_PER_S` samples of the wait a second -, before the first
   steps are known, and every
@@ -46,10 +46,15 @@ WAIT_SAMPLES_PER_S = 5.0
 the period is the wait's share over this (20 ms at a 10 % wait, 100 ms at 50 %),
 so a job that mostly waits is not woken more than its diagnosis needs."""
 FIRST_SAMPLES = 200
-"""Samples of waiting threads taken at :data:`FAST_S` before the rate drops to
-:data:`WAIT_SAMPLES_PER_S`: a short run (a few seconds of steps) still gets the
+"""Samples of waiting threads taken every :data:`FIRST_S` before the rate drops
+to :data:`WAIT_SAMPLES_PER_S`: a short run (a second of steps) still gets the
 samples its diagnosis needs (it names a wait's cause from 20 on); a long one
 pays for them once (about 5 ms of the probe thread's CPU)."""
+FIRST_S = 0.005
+"""Seconds between two wake-ups while the first samples are taken. Short, because
+a wake-up lands where the training thread lets go of the interpreter lock, and
+torch ops let go of it: in a loop that prepares batches in Python, about half
+the wake-ups find the thread inside the step's compute and sample nothing."""
 WORKER_FAST_S = 0.05
 """Seconds between two samples of a saturated DataLoader worker."""
 STALL_FACTOR = 4.0
@@ -125,7 +130,7 @@ class MainPolicy:
         share = stats.wait_share
         if share >= WATCH_SHARE:
             if self.taken < FIRST_SAMPLES:
-                return FAST_S
+                return FIRST_S
             return min(SLOW_S, max(FAST_S, share / WAIT_SAMPLES_PER_S))
         since = self._waiting_since()
         if since is not None:

@@ -125,11 +125,16 @@ def single(args: argparse.Namespace, first: bool) -> None:
         big = torch.ones(400_000_000)  # 1.6 GB of float32
         path = os.path.join(args.dir, "big.pt")
         note(args.state, "pause_start")
-        with open(path, "wb") as f:
-            torch.save({"weights": big}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        note(args.state, "pause_end", bytes=os.path.getsize(path))
+        # Saved again (a model, then its optimizer state) until the pause outlasts
+        # --pause-s: a fast disk must not make the silence shorter than the floor.
+        t0, saves = time.perf_counter(), 0
+        while saves == 0 or time.perf_counter() - t0 < args.pause_s:
+            with open(path, "wb") as f:
+                torch.save({"weights": big}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            saves += 1
+        note(args.state, "pause_end", bytes=os.path.getsize(path), saves=saves)
         del big
         os.unlink(path)
     elif scenario == "eigh":
