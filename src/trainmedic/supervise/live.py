@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from trainmedic.gpu.types import ClockEventReason, GpuSample
-from trainmedic.record.types import HostSample, LoaderActivity, LoaderInfo, RunEvent, StepRecord
+from trainmedic.record.types import HostSample, RunEvent, StepRecord
+from trainmedic.supervise.processes import IgnoringSink
 
 WINDOW_STEPS = 50
 """Recent steps per process the rates and shares are taken over."""
@@ -85,7 +86,7 @@ class RankNow:
     data_wait_share: float | None
 
 
-class LiveAggregate:
+class LiveAggregate(IgnoringSink):
     """A record sink keeping the recent state of the run; thread-safe."""
 
     def __init__(self, started_at: float) -> None:
@@ -130,12 +131,6 @@ class LiveAggregate:
     def add_host(self, sample: HostSample) -> None:
         with self._lock:
             self._host = sample
-
-    def add_loader(self, info: LoaderInfo) -> None:
-        return None
-
-    def add_loader_activity(self, activity: LoaderActivity) -> None:
-        return None
 
     def add_event(self, event: RunEvent) -> None:
         text = None

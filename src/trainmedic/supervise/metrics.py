@@ -30,8 +30,9 @@ from prometheus_client.registry import Collector
 from trainmedic.findings.model import Finding
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
-from trainmedic.record.types import HostSample, LoaderActivity, LoaderInfo, RunEvent, StepRecord
+from trainmedic.record.types import HostSample, RunEvent, StepRecord
 from trainmedic.resilience.incidents import ATTEMPT_END, HANG_DETECTED
+from trainmedic.supervise.processes import IgnoringSink
 
 WINDOW_STEPS = 50
 """Recent steps per rank that rates, shares and the step time are taken over."""
@@ -82,7 +83,7 @@ class Snapshot:
     warnings: int
 
 
-class MetricsState:
+class MetricsState(IgnoringSink):
     """The record sink behind the exporter; thread-safe.
 
     Args:
@@ -147,12 +148,6 @@ class MetricsState:
     def add_host(self, sample: HostSample) -> None:
         with self._lock:
             self._host = sample
-
-    def add_loader(self, info: LoaderInfo) -> None:
-        return None
-
-    def add_loader_activity(self, activity: LoaderActivity) -> None:
-        return None
 
     def add_event(self, event: RunEvent) -> None:
         with self._lock:

@@ -94,6 +94,29 @@ class RecordSink(Protocol):
     def add_event(self, event: RunEvent) -> None: ...
 
 
+class IgnoringSink:
+    """A record sink that ignores every kind of record: a sink that uses only a
+    few kinds inherits from it and defines those."""
+
+    def add_step(self, step: StepRecord) -> None:
+        return None
+
+    def add_gpu(self, sample: GpuSample) -> None:
+        return None
+
+    def add_host(self, sample: HostSample) -> None:
+        return None
+
+    def add_loader(self, info: LoaderInfo) -> None:
+        return None
+
+    def add_loader_activity(self, activity: LoaderActivity) -> None:
+        return None
+
+    def add_event(self, event: RunEvent) -> None:
+        return None
+
+
 class MessageRouter:
     """Fans probe messages and sampler readings out to ``sinks`` and the process table."""
 

@@ -43,8 +43,6 @@ import psutil
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record import codec
 from trainmedic.record.types import (
-    HostSample,
-    LoaderActivity,
     LoaderInfo,
     RunEvent,
     StepRecord,
@@ -54,7 +52,7 @@ from trainmedic.resilience.silence_evidence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerdict
 from trainmedic.supervise.forensics import JobProcess
 from trainmedic.supervise.liveness import SilenceObserver
-from trainmedic.supervise.processes import ProcessState, ProcessTable
+from trainmedic.supervise.processes import IgnoringSink, ProcessState, ProcessTable
 
 SILENCE_MIN_S = 0.5
 """No step (or phase mark) for this long, in seconds, is a silence worth evidence."""
@@ -113,7 +111,7 @@ class AttemptObservations:
     torch_version: str | None
 
 
-class Watchdog:
+class Watchdog(IgnoringSink):
     """See the module docstring.
 
     Args:
@@ -245,16 +243,10 @@ class Watchdog:
             if self._active:
                 self.gpu_first.setdefault(sample.index, sample)
 
-    def add_host(self, sample: HostSample) -> None:
-        return None
-
     def add_loader(self, info: LoaderInfo) -> None:
         with self._lock:
             if self._active and info.t >= self._started_wall - 1.0:
                 self._num_workers = max(self._num_workers or 0, info.num_workers)
-
-    def add_loader_activity(self, activity: LoaderActivity) -> None:
-        return None
 
     def add_event(self, event: RunEvent) -> None:
         if event.kind == "xid":
