@@ -9,7 +9,8 @@ from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import FailureEvidence, classify_failure
 from trainmedic.supervise.evidence import kernel_log_with_xids
 from trainmedic.supervise.processes import ProcessTable
-from trainmedic.supervise.watchdog import Watchdog, xid_line
+from trainmedic.supervise.watchdog import Watchdog
+from trainmedic.supervise.xid_watch import xid_line
 
 NVML_79 = RunEvent(
     t=100.0,

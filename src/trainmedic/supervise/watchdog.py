@@ -53,6 +53,7 @@ from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerd
 from trainmedic.supervise.forensics import JobProcess
 from trainmedic.supervise.liveness import SilenceObserver
 from trainmedic.supervise.processes import IgnoringSink, ProcessState, ProcessTable
+from trainmedic.supervise.xid_watch import xid_line
 
 SILENCE_MIN_S = 0.5
 """No step (or phase mark) for this long, in seconds, is a silence worth evidence."""
@@ -67,21 +68,6 @@ Tree = Callable[[], list[psutil.Process]]
 
 MAX_XIDS = 64
 """Xid events kept for the failure classifier (the newest)."""
-
-
-def xid_line(event: RunEvent) -> str:
-    """An ``xid`` run event as the driver's kernel-log line, for the classifier:
-    the line itself when it came from the kernel log, else one made from the
-    NVML event's code and GPU."""
-    if "NVRM: Xid" in event.message:
-        return event.message
-    data = event.data
-    where = f"PCI:{data['pci_bus_id']}" if data.get("pci_bus_id") else f"GPU {data.get('gpu', '?')}"
-    instance = data.get("gpu_instance")
-    if isinstance(instance, int):
-        where += f" GPU-I:{instance:02d}"
-    detail = data.get("detail") or "reported by NVML"
-    return f"NVRM: Xid ({where}): {data.get('xid')}, {detail}"
 
 
 @dataclass(frozen=True)
