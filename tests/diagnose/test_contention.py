@@ -10,6 +10,7 @@ from support.builders import (
     GIB,
     T0,
     during,
+    make_activity,
     make_gpu_series,
     make_host_series,
     make_loader,
@@ -17,6 +18,7 @@ from support.builders import (
     make_record,
     make_steps,
 )
+from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.contention import cpu_contention, gpu_contention
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
@@ -210,3 +212,48 @@ def test_a_job_that_would_wait_on_an_idle_machine_is_oversubscribed_even_among_o
     (f,) = cpu_contention(RunView.of(record), TH)
     assert f.id == "cpu.oversubscribed"
     assert f.evidence["job_runnable_cores"] > 3.0
+
+
+# --- the job's own loading fills the cores ------------------------------------------------
+
+
+def loading_saturated(*, others: float = 14.0, helper_cpu: float = 0.3) -> RunRecord:
+    """Two DataLoader workers filter samples on 2 cores: the loop waits for data 40 % of
+    each step, and its training thread waits for a CPU 27 % of its time behind them
+    (2.8 threads runnable): the corpus's cpu-saturated-workers run on a CI machine."""
+    fields = {
+        "usable_cores": 2.0, "job_cpu_pct": 175.0 if others < 50 else 130.0,
+        "others_cpu_pct": others, "system_cpu_pct": 97.0, "train_threads": 1,
+        "train_cpu_cores": 0.15, "train_wait_cores": 0.27, "train_wait_max_share": 0.27,
+        "helper_cpu_cores": helper_cpu, "loader_cpu_cores": 1.3, "loader_wait_cores": 0.58,
+        "job_threads": 9, "job_wait_cores": 1.05,
+    }  # fmt: skip
+    return make_record(
+        make_steps(200, 0.1, 0.04),
+        host=make_host_series(25, **fields),
+        loaders=[make_loader(2)],
+        activity=[make_activity(transform=95, idle=20)],
+    )
+
+
+def test_a_training_thread_waiting_behind_its_own_saturated_loader_is_the_input_rules() -> None:
+    # The excess threads are the workers: set_num_threads would shed nothing, and no
+    # other process took the CPU. The input rule names the cores (input.cpu), first.
+    record = loading_saturated()
+    assert cpu_contention(RunView.of(record), TH) == []
+    findings = diagnose_run(record)
+    assert findings[0].id == "input.cpu"
+    assert findings[0].evidence["train_cpu_wait_share"] == pytest.approx(0.27)
+    assert not any(f.id in ("cpu.oversubscribed", "contention.cpu") for f in findings)
+
+
+def test_others_or_busy_intra_op_threads_beside_a_saturated_loader_are_still_named() -> None:
+    # A case that should fool the rule above: the same saturated loader, with another
+    # user's process on a core, or with the training process's intra-op pool working.
+    crowded = diagnose_run(loading_saturated(others=100.0))[0]
+    assert crowded.category is Category.CONTENTION
+    assert crowded.evidence["others_cpu_cores"] == pytest.approx(1.0)
+    busy = loading_saturated(helper_cpu=0.9)
+    busy.steps = make_steps(200, 0.1, 0.04, compute=0.06)
+    (own,) = cpu_contention(RunView.of(busy), TH)
+    assert own.id == "cpu.oversubscribed"

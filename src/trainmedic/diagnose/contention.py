@@ -187,6 +187,12 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             "Reserve the cores: stop or move the other processes, pin them away from the "
             "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
         )
+    if (
+        cause == "cpu"
+        and key in ("cpu.oversubscribed", "contention.cpu")
+        and _loading_fills_the_cores(view, th)
+    ):
+        return []
     return [
         Finding(
             id=key,
@@ -199,6 +205,22 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             subject="host",
         )
     ]
+
+
+def _loading_fills_the_cores(view: RunView, th: Thresholds) -> bool:
+    """Whether the training thread waits behind the job's own data loading.
+
+    Called when the input rule named the cores as the cause (``input.cpu``):
+    with others using less than ``others_min_cores`` and the training
+    process's helper threads doing less than that much work, the only threads
+    that take the training thread's CPU are the loader's. That is the input
+    rule's finding; ``torch.set_num_threads`` would shed nothing.
+    """
+    others = view.summary.others_cpu_mean_cores or 0.0
+    if others >= th.others_min_cores:
+        return False
+    helpers = view.cpu.helper_useful_cores(view.summary.compute_share, view.usable_cores)
+    return helpers is None or helpers < th.others_min_cores
 
 
 def _legacy_cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:

@@ -68,12 +68,21 @@ class CpuTime:
         computes: at most ``compute_share`` x (usable cores - 1) per training
         thread. Without thread measurements, the job's CPU as measured.
         """
-        if self.train_cpu_cores is None or self.helper_cpu_cores is None:
+        helpers = self.helper_useful_cores(compute_share, usable_cores)
+        if self.train_cpu_cores is None or helpers is None:
             return job_cpu_cores
+        return self.train_cpu_cores + helpers + (self.loader_cpu_cores or 0.0)
+
+    def helper_useful_cores(self, compute_share: float | None, usable_cores: float | None
+                            ) -> float | None:  # fmt: skip
+        """The helper threads' CPU that does work, cores: at most ``compute_share`` x
+        (usable cores - 1) per training thread; the rest is spinning (``None``: not
+        measured)."""
+        if self.helper_cpu_cores is None:
+            return None
         threads = max(1.0, self.train_threads or 1.0)
         room = max(0.0, (usable_cores or 1.0) - 1.0) * threads
-        helpers = min(self.helper_cpu_cores, (compute_share or 0.0) * room)
-        return self.train_cpu_cores + helpers + (self.loader_cpu_cores or 0.0)
+        return min(self.helper_cpu_cores, (compute_share or 0.0) * room)
 
 
 def measure(host: Sequence[HostSample]) -> CpuTime:

@@ -285,6 +285,7 @@ def _evidence(f: _Facts, activity: Counter[str], profile: LoadingProfile | None)
         "job_useful_cpu_cores": cpu.useful,
         "spare_cores": cpu.spare,
         "loading_cpu_wait_share": cpu.loading_wait,
+        "train_cpu_wait_share": f.view.cpu.train_wait_share,
         "cgroup_throttled_share": cpu.throttled or None,
     }
     if f.busy_samples:
