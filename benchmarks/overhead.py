@@ -18,7 +18,7 @@ given too.
 of several runs.
 
     python benchmarks/overhead.py [--models mlp,deep,transformer] [--rounds 7]
-        [--seconds 4] [--doctor-runs 7] [--ablate]
+        [--seconds 4] [--doctor-runs 7] [--ablate] [--no-profiler]
 
 ``--baseline-src DIR`` adds ``trainmedic run`` from another source tree
 (``git archive <commit> src | tar -x -C DIR``, then ``DIR/src``), interleaved
@@ -303,7 +303,7 @@ def overhead_table(results: Results) -> list[str]:
         f"threads in the job (sending, heartbeats, stack sampling): {_pct(threads)} "
         "of one core (`process_exit` events).",
     ]
-    if len(results.samples) > len(MODES):
+    if set(results.samples) - {m.name for m in MODES}:
         lines += ["", "Supervisor CPU while the job runs, per mode (median):", ""]
         for mode, samples in results.samples.items():
             if samples and samples[0].supervisor_cpu_during_job is not None:
@@ -327,8 +327,12 @@ def main() -> None:
     parser.add_argument("--doctor-runs", type=int, default=7)
     parser.add_argument("--ablate", action="store_true", help="also runs that find where it goes")
     parser.add_argument("--baseline-src", help="a source tree whose trainmedic run to compare")
+    parser.add_argument(
+        "--no-profiler", action="store_true", help="no torch.profiler runs"
+    )
     args = parser.parse_args()
-    modes = MODES + (ABLATION_MODES if args.ablate else ())
+    base = tuple(m for m in MODES if not (args.no_profiler and m.kind == "profiler"))
+    modes = base + (ABLATION_MODES if args.ablate else ())
     if args.baseline_src:
         src = str(Path(args.baseline_src).resolve())
         modes += (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", src),)),)

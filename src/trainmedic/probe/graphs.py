@@ -152,12 +152,15 @@ def install_step_extras(
         return []
     installed: list[str] = []
     steps, cuda = probe.parts["steps"], probe.parts["cuda"]
-    for name, part, installer in (
-        ("grad_scaler", steps, amp.install),
-        ("cuda_graphs", steps, install),
-        ("cuda_device", cuda, install_device_hook),
+    # A build of torch without CUDA has no graphs to replay and no device to time
+    # on: their global optimizer hooks would cost every step a call for nothing.
+    has_cuda = bool(getattr(getattr(torch, "version", None), "cuda", None))
+    for name, part, installer, needs_cuda in (
+        ("grad_scaler", steps, amp.install, False),
+        ("cuda_graphs", steps, install, True),
+        ("cuda_device", cuda, install_device_hook, True),
     ):
-        if not part.on or name in missing:
+        if not part.on or name in missing or (needs_cuda and not has_cuda):
             continue
         try:
             if installer(torch, probe, tracker):

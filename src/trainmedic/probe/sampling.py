@@ -45,11 +45,15 @@ WAIT_SAMPLES_PER_S = 5.0
 """Samples of waiting threads aimed for per second while the data wait is watched:
 the period is the wait's share over this (20 ms at a 10 % wait, 100 ms at 50 %),
 so a job that mostly waits is not woken more than its diagnosis needs."""
-FIRST_SAMPLES = 200
+FIRST_SAMPLES = 64
 """Samples of waiting threads taken every :data:`FIRST_S` before the rate drops
 to :data:`WAIT_SAMPLES_PER_S`: a short run (a second of steps) still gets the
-samples its diagnosis needs (it names a wait's cause from 20 on); a long one
-pays for them once (about 5 ms of the probe thread's CPU)."""
+samples its diagnosis needs (it names a wait's cause from 20 on, and the
+slower samples keep coming); a long one pays for them once. Each wake-up
+takes the interpreter lock from a training loop that runs Python, so they
+cost a fast-stepping job nearly what they cost the probe's thread: at a
+25 % wait, 64 samples take about 250 wake-ups (200 took 800, a visible
+share of a few seconds of 0.7 ms steps)."""
 FIRST_S = 0.005
 """Seconds between two wake-ups while the first samples are taken. Short, because
 a wake-up lands where the training thread lets go of the interpreter lock, and
