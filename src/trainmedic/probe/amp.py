@@ -87,6 +87,9 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     state = probe.state
     counter = SkipCounter()
     stepped = [False]
+    # The post hook that tells a skipped step is registered by the first
+    # GradScaler.step: a job without a scaler pays no hook call per step.
+    handles: list[Any] = []
 
     def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         stepped[0] = True
@@ -104,6 +107,12 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         if not part.on or _get_ident() != state.training_ident:
             return original(self, optimizer, *args, **kwargs)
+        if not handles:
+            try:
+                handles.append(optimizer_mod.register_optimizer_step_post_hook(post_hook))
+            except Exception as exc:
+                part.fail(exc)
+                return original(self, optimizer, *args, **kwargs)
         stepped[0] = False
         t0 = clock()
         result = original(self, optimizer, *args, **kwargs)
@@ -137,10 +146,13 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     step.__wrapped__ = original  # type: ignore[attr-defined]
     step.__doc__ = original.__doc__
     scaler_cls.step = step
-    handle = optimizer_mod.register_optimizer_step_post_hook(post_hook)
+    def remove_hook() -> None:
+        while handles:
+            handles.pop().remove()
+
     # Registered after the probe's own exit handler, so it runs first (LIFO).
     atexit.register(at_exit)
-    probe.restore.append(handle.remove)
+    probe.restore.append(remove_hook)
     probe.restore.append(lambda: setattr(scaler_cls, "step", original))
     probe.restore.append(lambda: atexit.unregister(at_exit))
     return True
