@@ -130,6 +130,42 @@ def test_bad_tuning_files_are_refused(tmp_path: Path, content: str, message: str
         plan_from(path)
 
 
+def test_endless_huge_or_deep_tuning_files_are_refused_without_reading_them_whole(
+    tmp_path: Path,
+) -> None:
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(1 << 40)  # a sparse TiB: refused from its size, never read
+    with pytest.raises(InputError, match=r"not a JSON file.*larger than"):
+        plan_from(huge)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match=r"not a JSON file.*nest"):
+        plan_from(deep)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"tool": "tune-dataloader", "x": "\xff"}')
+    with pytest.raises(InputError, match="not UTF-8"):
+        plan_from(latin)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x00" * 10, "unreadable findings"),
+        (b"[1, 2]", "not a findings document"),
+        (b'{"findings": [{"id": 3}]}', "not a findings document"),
+    ],
+)
+def test_a_run_whose_findings_are_damaged_is_refused_in_one_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    run_dir = write_run(CANONICAL["input_no_workers"](), tmp_path / "run")
+    (run_dir / "findings.json").write_bytes(content)
+    with pytest.raises(InputError, match=message) as err:
+        plan_from(run_dir)
+    assert "\n" not in str(err.value)
+
+
 def test_missing_sources_and_directories_that_are_not_runs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such run directory or tuning file"):
         plan_from(tmp_path / "nothing")

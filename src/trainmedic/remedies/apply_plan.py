@@ -22,6 +22,7 @@ from typing import Any
 
 from trainmedic.errors import InputError
 from trainmedic.findings.model import Finding, Severity
+from trainmedic.jsonfile import describe, read_json
 from trainmedic.record.types import RunRecord
 from trainmedic.remedies.switches import RunEvidence, plan_switches
 
@@ -131,13 +132,18 @@ def _findings(run_dir: Path, record: RunRecord) -> tuple[list[Finding], dict[str
 
     path = run_dir / FINDINGS_FILE
     if path.exists():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            from trainmedic.findings.model import FindingsDocument
+        from trainmedic.findings.model import FindingsDocument
 
+        try:
+            data = read_json(path)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--apply-from {path}: unreadable findings: {describe(exc)}") from None
+        try:
             doc = FindingsDocument.from_dict(data)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"--apply-from {path}: unreadable findings ({exc})") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(
+                f"--apply-from {path}: not a findings document ({type(exc).__name__}: {exc})"
+            ) from None
         return list(doc.findings), dict(doc.context)
     from trainmedic.diagnose import diagnose_run
 
@@ -219,9 +225,9 @@ def plan_from_run(run_dir: Path) -> ApplyPlan:
 def plan_from_tuning(path: Path) -> ApplyPlan:
     """The plan of a ``trainmedic tune dataloader --json`` file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except (OSError, ValueError) as exc:
-        raise InputError(f"--apply-from {path}: not a JSON file ({exc})") from None
+        raise InputError(f"--apply-from {path}: not a JSON file ({describe(exc)})") from None
     if not isinstance(data, dict) or data.get("tool") != "tune-dataloader":
         raise InputError(
             f"--apply-from {path}: not a tuning result (write one with "
