@@ -171,6 +171,8 @@ def test_missing_sources_and_directories_that_are_not_runs_are_refused(tmp_path:
         plan_from(tmp_path / "nothing")
     with pytest.raises(InputError, match="not a trainmedic run directory"):
         plan_from(tmp_path)
+    with pytest.raises(InputError, match="not a run directory or a regular file"):
+        plan_from("/dev/null")
 
 
 def test_the_plan_travels_as_json() -> None:

@@ -98,6 +98,8 @@ def plan_from(source: str | Path) -> ApplyPlan:
         return plan_from_run(path)
     if path.is_file():
         return plan_from_tuning(path)
+    if path.exists():  # a device, a FIFO, a socket: nothing a tuning run writes
+        raise InputError(f"--apply-from {source}: not a run directory or a regular file")
     raise InputError(f"--apply-from {source}: no such run directory or tuning file")
 
 
