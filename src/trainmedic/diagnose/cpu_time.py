@@ -26,6 +26,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from trainmedic.record.spans import sample_intervals
 from trainmedic.record.types import HostSample
 
 
@@ -145,10 +146,7 @@ def contended_intervals(
 
 def _periods(times: Sequence[float]) -> list[float]:
     """Seconds each reading covers: since the previous one (the first: the median gap)."""
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    positive = sorted(g for g in gaps if g > 0)
-    first = positive[len(positive) // 2] if positive else 1.0
-    return [first, *(max(g, 0.0) for g in gaps)]
+    return [b - a for a, b in sample_intervals(times)]
 
 
 def _throttled_share(host: Sequence[HostSample]) -> float | None:

@@ -9,7 +9,6 @@ thresholds. It does no I/O and never changes the record.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from typing import Any, TypeVar
 from trainmedic.diagnose.cpu_time import CpuTime, measure
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.spans import merge_intervals as merge_intervals
+from trainmedic.record.spans import sample_intervals as sample_intervals
 from trainmedic.record.stats import (
     RunSummary,
     StepSpan,
@@ -308,31 +309,6 @@ class RunView:
         assert base is not None
         extra = sum(s.count * max(0.0, s.mean_duration_s - base) for s in hit)
         return min(1.0, extra / self.steady_time_s)
-
-
-def sample_intervals(times: Sequence[float]) -> list[Interval]:
-    """The period each reading describes: from the previous reading to this one.
-
-    NVML utilization and host rates are averages over the time since the last
-    reading; the first reading gets the median period.
-    """
-    if not times:
-        return []
-    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
-    first = sorted(gaps)[len(gaps) // 2] if gaps else 1.0
-    out = [(times[0] - first, times[0])]
-    out += list(itertools.pairwise(times))
-    return out
-
-
-def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
-    merged: list[Interval] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
 
 
 def overlaps(merged: Sequence[Interval], starts: Sequence[float], a: float, b: float) -> bool:

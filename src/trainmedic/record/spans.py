@@ -18,6 +18,7 @@ steady part this module finds (docs/diagnosis.md, "Run statistics"):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,20 @@ def weighted_quantile(values: Sequence[tuple[float, int]], q: float) -> float | 
             hi_v = v
             break
     return lo_v + (hi_v - lo_v) * (pos - lo_i)
+
+
+def sample_intervals(times: Sequence[float]) -> list[tuple[float, float]]:
+    """The period each reading describes: from the previous reading to this one.
+
+    NVML utilization, host rates and CPU counters are averages over the time
+    since the last reading; the first reading gets the median period.
+    ``times`` in order, seconds.
+    """
+    if not times:
+        return []
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+    first = sorted(gaps)[len(gaps) // 2] if gaps else 1.0
+    return [(times[0] - first, times[0]), *itertools.pairwise(times)]
 
 
 def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
