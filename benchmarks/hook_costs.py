@@ -10,13 +10,18 @@ alternate the probe's hooks installed and removed (no probe threads: hooks
 only, nothing sent), and prints per call site the plain time and the median
 of the paired differences.
 
+The hooks follow their schedule as under ``trainmedic run``: on short steps
+the compute hooks run in windows (docs/run.md, "Compute hooks on a share of
+short steps"); ``--every-step`` keeps them on every step (what a window's
+step costs).
+
 ``--no-tracker`` replaces the step tracker's event methods with no-ops: what
 remains is the wrappers' own cost (entering a Python wrapper, the thread and
 ``torch.compile`` tests, reading the clock), the floor of any design that
 keeps a Python wrapper at each call site.
 
     python benchmarks/hook_costs.py [--model tiny] [--rounds 30] [--steps 500]
-        [--no-tracker]
+        [--no-tracker] [--every-step]
 """
 
 from __future__ import annotations
@@ -96,13 +101,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=500, help="steps per round")
     parser.add_argument("--no-tracker", action="store_true", help="tracker events as no-ops")
+    parser.add_argument("--every-step", action="store_true", help="compute hooks on every step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.no_tracker:
         no_tracker()
     job = build(args.model)
-    probe = Probe(ProbeConfig("unix:/nonexistent", "bench", None,
-                              frozenset({"stacks", "heartbeat"}), frozenset()))  # fmt: skip
+    off = {"stacks", "heartbeat"} | ({"sampled_detail"} if args.every_step else set())
+    probe = Probe(ProbeConfig("unix:/nonexistent", "bench", None, frozenset(off), frozenset()))
     probe.failed = True  # hooks only: nothing is queued or sent
     timed_steps(job, 300)  # warm-up
     rounds: dict[bool, list[list[float]]] = {False: [], True: []}
@@ -124,7 +130,8 @@ def main() -> None:
     switch(False)
     print(
         f"model {args.model}, {args.rounds} rounds of {args.steps} steps, hooks alternately "
-        f"on and off{'; tracker events as no-ops' if args.no_tracker else ''}\n"
+        f"on and off{'; tracker events as no-ops' if args.no_tracker else ''}"
+        f"{'; compute hooks on every step' if args.every_step else ''}\n"
     )
     print("| call site | plain (µs) | with the hooks, paired difference (median, µs) |")
     print("|---|---|---|")

@@ -5,7 +5,8 @@ counts work instead, for each job of ``bench_models``:
 
 * **bytecodes** (``--bytecodes``, the default): Python instructions executed
   per training step in the probe's own code, by function, traced with
-  ``sys.settrace`` (opcode events) over 200 steps after a warm-up;
+  ``sys.settrace`` (opcode events) over 680 steps after a warm-up of 200
+  (ten windows' worth of the compute hooks' schedule, docs/run.md);
 * **machine instructions** (``--valgrind``): user-space instructions per
   step of the whole process, plain and with the probe's hooks, counted by
   valgrind's callgrind with instrumentation switched on only around the
@@ -16,7 +17,7 @@ threads (stack sampling and sending), which are measured by
 ``probe_overhead.py``.
 
     python benchmarks/probe_instructions.py [--models tiny,mlp,deep] [--disable PART,...]
-        [--by-function] [--valgrind] [--steps 200]
+        [--by-function] [--valgrind] [--steps 680]
 
 Callgrind's counts are exact for the ``tiny`` job; for bigger ones the BLAS
 kernels' own counts differ between processes by about 1 %, more than the
@@ -55,6 +56,16 @@ def _job(model: str, probed: bool, disable: frozenset[str] = frozenset()) -> Any
         probe = Probe(config)
         probe.failed = True  # hooks only: nothing is queued or sent
         probe._install_torch(torch)
+        if probe.detail is not None:
+            import random
+
+            from trainmedic.probe import detail
+
+            # The tracer makes every step 10-100x longer, past detail.LONG_STEP_S:
+            # follow the schedule of the untraced job (its steps are all short),
+            # with the same windows in every run.
+            detail.LONG_STEP_S = float("inf")
+            probe.detail.rng = random.Random(0)
     return job
 
 
@@ -147,7 +158,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", default="tiny,mlp,deep,transformer")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=680)
     parser.add_argument("--valgrind", action="store_true")
     parser.add_argument("--by-function", action="store_true")
     parser.add_argument("--disable", default="", help="probe parts to leave off, comma-separated")

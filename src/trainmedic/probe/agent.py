@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from trainmedic.channel.client import ChannelClient
     from trainmedic.channel.wire import ProbeMessage
+    from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.env import ProbeConfig
     from trainmedic.probe.parts import Parts
     from trainmedic.probe.sampling import StackSampler, StepStats
@@ -77,6 +78,7 @@ class ProbeAgent:
     state: HookState
     tracker: StepTracker | None
     forward: ForwardSeam | None
+    detail: DetailSwitch | None
     step_stats: StepStats | None
     outbox: deque[ProbeMessage | tuple[StepDraft, Any, Any]]
     client: ChannelClient | None
@@ -90,6 +92,7 @@ class ProbeAgent:
 
     _dump_stacks: Callable[[], None]  # ProbeIncidents
     emit: Callable[[ProbeMessage], None]  # Probe
+    detail_failed: Callable[[BaseException], None]  # Probe
 
     # --- stack sampling --------------------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class ProbeAgent:
                 if stopping or self.failed:
                     return
                 self._watch_forward(now)
+                self._wake_detail()
                 stop.wait(FLUSH_S)
         except Exception:
             # The channel code itself failed (an interpreter shutting down, say):
@@ -245,6 +249,17 @@ class ProbeAgent:
         if not asked and work != last_work and now - since >= max(IDLE_STEPS_S, usual):
             watch.request()
             self._forward_mark = (steps, last_forwards, last_work, since, True)
+
+    def _wake_detail(self) -> None:
+        """Steps stopped while the compute hooks are off: put them back, so that
+        whatever the job does now is seen (and counted as work) - docs/run.md."""
+        detail = self.detail
+        if detail is None or not detail.enabled or not detail.overdue(self.clock()):
+            return
+        try:
+            detail.wake()
+        except Exception as exc:
+            self.detail_failed(exc)
 
     def _heartbeat(self) -> None:
         part = self.parts["heartbeat"]

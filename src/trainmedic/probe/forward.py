@@ -85,6 +85,8 @@ class ForwardWatch:
         self.patched: dict[type, tuple[Callable[..., Any], Any]] = {}
         """Patched class -> (the probe's wrapper, the class's own ``__call__`` or ``None``)."""
         self._installed = False
+        self.suspended = False
+        """The class wrappers are taken off (:meth:`suspend`, :mod:`trainmedic.probe.detail`)."""
         self.discovering = False
         self.discoveries = 0
         self.requested = False
@@ -120,12 +122,35 @@ class ForwardWatch:
         self.discovering = False
         self.pending = self.requested = False
 
+    def suspend(self) -> None:
+        """Take the class wrappers off for a while (never while discovering)."""
+        if self.discovering:
+            return
+        self.suspended = True
+        for cls, (wrapper, own) in list(self.patched.items()):
+            if cls.__dict__.get("__call__") is wrapper:
+                if own is None:
+                    delattr(cls, "__call__")
+                else:
+                    cls.__call__ = own  # type: ignore[method-assign]
+
+    def resume(self) -> None:
+        """Put the class wrappers back where nobody else changed ``__call__`` meanwhile."""
+        self.suspended = False
+        if not self._installed:
+            return
+        for cls, (wrapper, own) in list(self.patched.items()):
+            if cls.__dict__.get("__call__") is own:
+                cls.__call__ = wrapper  # type: ignore[method-assign]
+
     def begin(self, now: float) -> None:
         """Start discovering (at a point outside any module call)."""
         self.requested = False
         if self.discovering or not self._installed:
             self.pending = self.discovering
             return
+        if self.suspended:
+            self.resume()  # a discovery sees the classes already known through their wrappers
         self.discovering = True
         self.pending = True
         self.discoveries += 1

@@ -18,6 +18,7 @@ PART_NAMES = (
     "steps",  # optimizer hooks, the explicit API, the step tracker
     "backward",  # the backward wrapper (steps of scripts without an optimizer)
     "forward",  # outermost module calls: compute time, samples, autocast
+    "sampled_detail",  # compute hooks on a share of short steps (off: on every step)
     "loader",  # DataLoader wait, loader settings, batch sizes
     "stacks",  # stack sampling of loading threads and workers
     "cuda",  # CUDA events and allocator statistics

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from trainmedic.channel.client import ChannelClient
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
+    from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.forensics import StackDumps
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam
@@ -105,6 +106,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.state = HookState(training_ident=threading.main_thread().ident)
         self.tracker: StepTracker | None = None
         self.forward: ForwardSeam | None = None
+        self.detail: DetailSwitch | None = None
         self.step_stats: StepStats | None = None
         self.cuda: Any = None
         self.torch: ModuleType | None = None
@@ -278,7 +280,11 @@ class Probe(ProbeAgent, ProbeIncidents):
         if self.parts["cuda"].on and getattr(torch.version, "cuda", None):
             self.cuda = CudaSteps(torch, self.parts["cuda"], self._finish_step, self._cuda_ready)
             tracker.listener = self.cuda
+        from trainmedic.probe.detail import DetailSwitch
+
+        self.detail = DetailSwitch(tracker, enabled=self.parts["sampled_detail"].on)
         torch_hooks.install(torch, self, tracker, frozenset(g.feature for g in gaps))
+        self.detail.forward = self.forward
         if os.environ.get("TRAINMEDIC_APPLY"):  # trainmedic run --apply-from
             from trainmedic.probe import apply  # never raises: its errors become events
 
@@ -324,6 +330,12 @@ class Probe(ProbeAgent, ProbeIncidents):
                 watch.step_closed(draft.t_end)
             except Exception as exc:
                 self.parts["forward"].fail(exc)
+        detail = self.detail
+        if detail is not None:
+            try:
+                detail.step_ended(draft)
+            except Exception as exc:
+                self.detail_failed(exc)
         if self.cuda is not None:
             self.cuda.add(draft)
         elif not self.failed and len(self.outbox) < MAX_OUTBOX:
@@ -341,6 +353,17 @@ class Probe(ProbeAgent, ProbeIncidents):
                 self.step_marked()
         elif not self.failed:
             self.dropped += 1
+
+    def detail_failed(self, exc: BaseException) -> None:
+        """The detail switch failed: every compute hook back on, for good."""
+        self.parts["sampled_detail"].fail(exc)
+        detail = self.detail
+        if detail is not None:
+            detail.enabled = False
+            try:
+                detail.restore()
+            except Exception as again:
+                self.parts["forward"].fail(again)  # hooks in an unknown state: stop timing them
 
     def adopt_training_thread(self) -> bool:
         """Make the calling thread the training thread when no step was marked yet."""
@@ -424,6 +447,7 @@ class Probe(ProbeAgent, ProbeIncidents):
             self.role = "worker"
             self.state.training_ident = None
             self.state.worker_ident = threading.get_ident()
+            self.detail = None  # a worker ends no steps: nothing to switch
             if self.forward is not None:
                 # A worker times no forward calls: its transforms' module calls
                 # (torchvision v2 transforms are modules) pass no wrapper at all.

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any, Protocol
 
     from trainmedic.channel.wire import ProbeMessage
+    from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.parts import Parts
     from trainmedic.record.types import RunEvent
 else:
@@ -61,6 +62,12 @@ class ForwardSeam(Protocol):
     def request(self) -> None:
         """Ask for a discovery at the next safe point (any thread)."""
 
+    def suspend(self) -> None:
+        """Take the class wrappers off for a while (never while discovering)."""
+
+    def resume(self) -> None:
+        """Put the class wrappers back."""
+
     def step_closed(self, now: float) -> None:
         """A step ended while discovering or with a discovery asked for."""
 
@@ -80,6 +87,7 @@ class ProbeSeam(Protocol):
         state: what the hooks read on each call.
         restore: undo actions, run newest first to put torch back.
         forward: the forward watch, once installed.
+        detail: switches the compute hooks on and off (:mod:`trainmedic.probe.detail`).
         cuda: the CUDA part (:class:`trainmedic.probe.cuda.CudaSteps`), when active.
         role: ``process``, ``forked`` or ``worker``.
     """
@@ -89,6 +97,7 @@ class ProbeSeam(Protocol):
     state: HookState
     restore: list[Callable[[], None]]
     forward: ForwardSeam | None
+    detail: DetailSwitch | None
     cuda: Any
     role: str
 
@@ -100,6 +109,9 @@ class ProbeSeam(Protocol):
 
     def adopt_training_thread(self) -> bool:
         """Make the calling thread the training thread when no step was marked yet."""
+
+    def detail_failed(self, exc: BaseException) -> None:
+        """The detail switch failed: every compute hook back on, for good."""
 
     def loader_in_use(self) -> None:
         """The training thread fetched its first DataLoader batch."""

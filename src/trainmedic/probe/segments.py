@@ -25,7 +25,8 @@ class StepDraft:
         loader_fetches: batches fetched from DataLoaders in the step.
         outside_s: host time in neither compute nor a loader wait.
         data_wait_s: the step's data wait as the host measured it (see module doc).
-        compute_s: ``None`` when no forward, backward or optimizer step was seen.
+        compute_s: ``None`` when no forward, backward or optimizer step was seen, or
+            when the compute hooks were off for part of the step (``Segment.partial``).
         samples: the step's batch size, when known.
         autocast: whether autocast was on in the step's first forward call.
         start_marker: what the listener returned when the step's first compute began.
@@ -63,7 +64,7 @@ class StepDraft:
                 duration = 0.0
             loader_wait = seg.loader_wait
             compute: float | None = None
-            if seg.compute_seen:
+            if seg.compute_seen and not seg.partial:
                 compute = seg.compute if seg.compute > 0.0 else 0.0
                 outside = duration - compute - loader_wait
             else:
@@ -155,6 +156,9 @@ class Segment:
     compute: float = 0.0
     compute_seen: bool = False
     """Whether a compute region began in the segment (the CUDA marker was taken then)."""
+    partial: bool = False
+    """Whether the compute hooks were off for some of the segment (:mod:`trainmedic.probe.detail`):
+    its loader wait and length are known, its compute time is not."""
     forward_samples: int | None = None
     optimizer_forward_samples: int | None = None
     autocast: bool | None = None
@@ -199,6 +203,7 @@ def merge(segments: list[Segment]) -> Segment:
         out.loader_samples = _add(out.loader_samples, s.loader_samples)
         out.compute += s.compute
         out.compute_seen = out.compute_seen or s.compute_seen
+        out.partial = out.partial or s.partial
         # Each backward segment of gradient accumulation is one micro-batch.
         out.forward_samples = _add(out.forward_samples, s.forward_samples)
         if out.optimizer_forward_samples is None:

@@ -110,6 +110,7 @@ class StepTracker:
         "_region_t0",
         "_regions",
         "_seg",
+        "detail",
         "emit",
         "forwards",
         "listener",
@@ -148,6 +149,9 @@ class StepTracker:
         self.wants_batch = True
         """Whether the next outermost forward call's batch size and autocast state
         are still unknown for this segment (only the first call's are kept)."""
+        self.detail = True
+        """Whether the compute hooks (forward, backward, optimizer start) are on
+        (:mod:`trainmedic.probe.detail`); segments begun without them are partial."""
 
     # --- what the heartbeat reports ----------------------------------------------------
 
@@ -177,7 +181,7 @@ class StepTracker:
         """Forget everything (a forked child starts its own count)."""
         self.mode = None
         self.steps_by_phase = {}
-        self._seg = Segment()
+        self._new_segment(None)
         self._held = []
         self._regions = []
         self._phases = []
@@ -198,8 +202,21 @@ class StepTracker:
         return bool(self.steps_by_phase)
 
     def _new_segment(self, t_start: float | None) -> None:
-        self._seg = Segment(t_start)
+        self._seg = seg = Segment(t_start)
+        if not self.detail:
+            seg.partial = True
         self.wants_batch = True
+
+    def set_detail(self, on: bool, boundary: bool) -> None:
+        """The compute hooks were switched on or off (any thread).
+
+        ``boundary``: switched right at a step's end, before anything of the new
+        segment happened - its detail is then whole (or absent) from its start.
+        Switched on within a segment, the segment stays partial.
+        """
+        self.detail = on
+        if boundary or not on:
+            self._seg.partial = not on
 
     # --- compute regions ---------------------------------------------------------------
 
@@ -329,6 +346,9 @@ class StepTracker:
         wait = now - start  # a monotonic clock: never negative
         self.work += 1
         seg = self._seg
+        if self.listener is not None and not self.detail and seg.start_marker is None:
+            # No compute hook will take the CUDA marker: the batch's arrival starts the step.
+            seg.start_marker = self.listener.segment_started()
         seg.loader_wait += wait
         if self._regions:
             # Fetched inside a compute region (a closure): not compute time.
@@ -338,6 +358,11 @@ class StepTracker:
             if samples is not None:
                 ls = seg.loader_samples
                 seg.loader_samples = samples if ls is None else ls + samples
+
+    @property
+    def step_fetches(self) -> int:
+        """Batches fetched so far in the current segment."""
+        return self._seg.fetches
 
     @property
     def loader_wait_started(self) -> float | None:
@@ -366,10 +391,34 @@ class StepTracker:
             regions.pop()
             self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
             self.outside_since = now
-        else:
+        elif regions:
             self.compute_exit(now, "optimizer")
             if "optimizer" in regions:
                 return  # a nested optimizer step
+        # else: no region open - the pre-step hook is off (trainmedic.probe.detail)
+        seg = self._seg
+        if (
+            optimizer == self._lead
+            and self.mode == "optimizer"
+            and seg.mark is None
+            and not self._held
+            and not self._phases
+            and not self._others
+        ):
+            # The common step end: _close and _finish for this case, inline.
+            if seg.t_start is None:
+                seg.t_start = now
+            self._seg = new = Segment(now)
+            if not self.detail:
+                new.partial = True
+            self.wants_batch = True
+            if not seg.partial:
+                self._nograd_history.append(seg.nograd_forwards)
+            by_phase = self.steps_by_phase
+            number = by_phase.get(TRAIN, 0) + 1
+            by_phase[TRAIN] = number
+            self.emit(StepDraft(number, TRAIN, "optimizer", now, seg))
+            return
         if self.mode == "api":
             self.wants_batch = self._seg.forward_samples is None
             return
@@ -452,7 +501,9 @@ class StepTracker:
             self._held = []
         if seg.t_start is None:
             seg.t_start = now
-        self._seg = Segment(now)
+        self._seg = new = Segment(now)
+        if not self.detail:
+            new.partial = True
         self.wants_batch = True
         phases = self._phases
         if phases:
@@ -468,7 +519,7 @@ class StepTracker:
         ):
             eval_part, seg = self._split(seg, seg.mark)
             self._finish(eval_part, seg.t_start or now, "optimizer", EVAL)
-        else:
+        elif not seg.partial:  # a partial segment did not count its forward calls
             self._nograd_history.append(seg.nograd_forwards)
         self._finish(seg, now, source, phase)
 
@@ -480,7 +531,10 @@ class StepTracker:
 
     @staticmethod
     def _split(seg: Segment, mark: Mark) -> tuple[Segment, Segment]:
-        """(evaluation part up to ``mark``, train part after it)."""
+        """(evaluation part up to ``mark``, train part after it).
+
+        Only a forward hook sets a mark, and hooks switched on stay on to the
+        step's end: the part after the mark is never partial."""
         before = Segment.of(
             t_start=seg.t_start,
             loader_wait=mark.loader_wait,
@@ -490,6 +544,7 @@ class StepTracker:
             compute_seen=mark.compute_seen,
             nograd_forwards=seg.nograd_forwards,
             start_marker=seg.start_marker,
+            partial=seg.partial,
         )
         after = Segment.of(
             t_start=mark.t,

@@ -29,6 +29,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.probe import forward
+from trainmedic.probe.detail import DetailHook
 from trainmedic.probe.hookutil import batch_size
 
 if TYPE_CHECKING:
@@ -71,6 +72,11 @@ def install(
 
 def uninstall(probe: ProbeSeam) -> None:
     """Put torch back as it was (hooks removed, originals restored), newest first."""
+    detail, probe.detail = probe.detail, None
+    if detail is not None:  # nothing left to switch
+        detail.enabled = False
+        detail.hooks.clear()
+        detail.tracker.set_detail(True, False)
     while probe.restore:
         probe.restore.pop()()
 
@@ -107,8 +113,24 @@ def _install_optimizer_hooks(
         except Exception as exc:
             part.fail(exc)
 
-    probe.restore.append(optimizer_mod.register_optimizer_step_pre_hook(pre_hook).remove)
+    # The pre-step hook is a compute hook (trainmedic.probe.detail); torch's hook
+    # table may only change on the training thread, outside its own loop over it.
+    register_pre = optimizer_mod.register_optimizer_step_pre_hook
+    handle = [register_pre(pre_hook)]
+
+    def attach() -> None:
+        if handle[0] is None:
+            handle[0] = register_pre(pre_hook)
+
+    def detach() -> None:
+        if handle[0] is not None:
+            handle[0].remove()
+            handle[0] = None
+
+    probe.restore.append(detach)
     probe.restore.append(optimizer_mod.register_optimizer_step_post_hook(post_hook).remove)
+    if probe.detail is not None:
+        probe.detail.add(DetailHook("steps", attach, detach, any_thread=False))
 
 
 # --- outermost forward calls ---------------------------------------------------------------
@@ -117,7 +139,9 @@ def _install_optimizer_hooks(
 def _install_forward(
     torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str]
 ) -> None:
-    forward.install(torch, probe, tracker)  # see trainmedic.probe.forward
+    watch = forward.install(torch, probe, tracker)  # see trainmedic.probe.forward
+    if probe.detail is not None:
+        probe.detail.add(DetailHook("forward", watch.resume, watch.suspend, any_thread=True))
 
 
 # --- backward ----------------------------------------------------------------------------------
@@ -154,8 +178,18 @@ def _install_backward(
             except Exception as exc:
                 part.fail(exc)
 
-    autograd.backward = backward
-    probe.restore.append(lambda: setattr(autograd, "backward", original))
+    def attach() -> None:
+        if autograd.backward is original:
+            autograd.backward = backward
+
+    def detach() -> None:
+        if autograd.backward is backward:
+            autograd.backward = original
+
+    attach()
+    probe.restore.append(detach)
+    if probe.detail is not None:
+        probe.detail.add(DetailHook("backward", attach, detach, any_thread=True))
 
 
 # --- DataLoaders ---------------------------------------------------------------------------------
@@ -188,6 +222,12 @@ def _install_loader(
             tracker.loader_enter(now)
             if not state.loader_used:
                 probe.loader_in_use()
+            detail = probe.detail
+            if detail is not None and not detail.on and tracker.step_fetches >= detail.fetch_limit:
+                try:
+                    detail.fetch_overflow()  # more batches than usual: an evaluation, perhaps
+                except Exception as exc:
+                    probe.detail_failed(exc)
         except Exception as exc:
             part.fail(exc)
             return original_next(self)

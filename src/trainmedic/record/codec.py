@@ -121,6 +121,8 @@ WINDOW_KEYS: dict[str, str] = {
     "samples_sum": "ns",
     "pid": "p",
     "phase": "ph",
+    "compute_count": "cn",
+    "compute_duration_sum_s": "cds",
 }
 
 
@@ -140,6 +142,9 @@ def encode_window(w: StepWindow) -> dict[str, Any]:
     }
     if w.compute_sum_s is not None:
         out[k["compute_sum_s"]] = rounded(w.compute_sum_s, TIME_DIGITS)
+    if w.compute_count is not None and w.compute_duration_sum_s is not None:
+        out[k["compute_count"]] = w.compute_count
+        out[k["compute_duration_sum_s"]] = rounded(w.compute_duration_sum_s, TIME_DIGITS)
     if w.gpu_time_sum_s is not None:
         out[k["gpu_time_sum_s"]] = rounded(w.gpu_time_sum_s, TIME_DIGITS)
     if w.samples_sum is not None:
@@ -166,6 +171,8 @@ def decode_window(obj: Mapping[str, Any]) -> StepWindow:
         samples_sum=opt_int(obj.get(k["samples_sum"])),
         pid=int_value(obj.get(k["pid"], 0)),
         phase=str_value(obj.get(k["phase"], "train")),
+        compute_count=opt_int(obj.get(k["compute_count"])),
+        compute_duration_sum_s=opt_float(obj.get(k["compute_duration_sum_s"])),
     )
 
 

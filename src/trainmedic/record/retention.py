@@ -135,6 +135,8 @@ class WindowBuilder:
         self.duration_max = step.duration_s
         self.wait_sum = 0.0
         self.compute_sum: float | None = None
+        self.compute_count = 0
+        self.compute_duration = 0.0
         self.gpu_sum: float | None = None
         self.samples_sum: int | None = None
 
@@ -151,6 +153,8 @@ class WindowBuilder:
         # arrives late and is missing on some steps.
         if step.compute_s is not None:
             self.compute_sum = (self.compute_sum or 0.0) + step.compute_s
+            self.compute_count += 1
+            self.compute_duration += step.duration_s
         if step.gpu_time_s is not None:
             self.gpu_sum = (self.gpu_sum or 0.0) + step.gpu_time_s
         if step.samples is not None:
@@ -168,6 +172,8 @@ class WindowBuilder:
             duration_max_s=self.duration_max,
             data_wait_sum_s=self.wait_sum,
             compute_sum_s=self.compute_sum,
+            compute_count=self.compute_count,
+            compute_duration_sum_s=self.compute_duration,
             gpu_time_sum_s=self.gpu_sum,
             samples_sum=self.samples_sum,
             pid=self.pid,

@@ -22,6 +22,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainmedic.record.types import RunRecord, StepRecord, StepWindow
 
@@ -48,6 +49,8 @@ class StepSpan:
         compute_s / gpu_time_s / samples: sums, ``None`` when unknown.
         duration_max_s: longest single step in it, seconds.
         step: the step itself for an exact step, ``None`` for a window.
+        compute_count / compute_duration_s: how many of its steps had a compute
+            time, and their durations' sum, seconds (shares of compute divide by it).
     """
 
     pid: int
@@ -63,6 +66,8 @@ class StepSpan:
     samples: int | None
     duration_max_s: float = 0.0
     step: StepRecord | None = None
+    compute_count: int = 0
+    compute_duration_s: float = 0.0
 
     @property
     def mean_duration_s(self) -> float:
@@ -84,6 +89,8 @@ class StepSpan:
             samples=s.samples,
             duration_max_s=s.duration_s,
             step=s,
+            compute_count=0 if s.compute_s is None else 1,
+            compute_duration_s=0.0 if s.compute_s is None else s.duration_s,
         )
 
     @classmethod
@@ -101,7 +108,18 @@ class StepSpan:
             gpu_time_s=w.gpu_time_sum_s,
             samples=w.samples_sum,
             duration_max_s=w.duration_max_s,
+            **_window_compute(w),
         )
+
+
+def _window_compute(w: StepWindow) -> dict[str, Any]:
+    """A window's steps with a compute time: counted in newer records; in older
+    ones, all of them when it has a compute sum."""
+    if w.compute_sum_s is None:
+        return {"compute_count": 0, "compute_duration_s": 0.0}
+    if w.compute_count is None or w.compute_duration_sum_s is None:
+        return {"compute_count": w.count, "compute_duration_s": w.duration_sum_s}
+    return {"compute_count": w.compute_count, "compute_duration_s": w.compute_duration_sum_s}
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,10 @@ class StepWindow:
         duration_sum_s / data_wait_sum_s / compute_sum_s / gpu_time_sum_s: sums, seconds.
         duration_min_s / duration_max_s: extremes, seconds.
         samples_sum: samples over the window (``None`` when unknown).
+        compute_count / compute_duration_sum_s: how many of its steps had a compute
+            time, and their summed durations, seconds - a share of compute is
+            ``compute_sum_s`` over the latter (steps timed without the compute
+            hooks have none). ``None`` (records before them): every step had one.
     """
 
     t_start: float
@@ -88,6 +92,8 @@ class StepWindow:
     samples_sum: int | None = None
     pid: int = 0
     phase: str = "train"
+    compute_count: int | None = None
+    compute_duration_sum_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,351 @@
+"""The compute hooks on a share of short steps: when they go off, when they come back,
+and what the steps measured without them say (and do not say)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trainmedic.probe import detail as detail_mod
+from trainmedic.probe.detail import (
+    GAP_STEPS,
+    LONG_STEP_S,
+    OVERDUE_S,
+    WARMUP_STEPS,
+    WINDOW_STEPS,
+    DetailHook,
+    DetailSwitch,
+)
+from trainmedic.probe.steps import StepDraft, StepTracker
+
+
+class Job:
+    """A training loop whose compute hooks exist only while the switch has them on.
+
+    The loader and the optimizer's post-step hook always run, as in the probe.
+    """
+
+    def __init__(self, enabled: bool = True, seed: int = 1) -> None:
+        self.steps: list[StepDraft] = []
+        self.tracker = StepTracker(emit=self._emit)
+        self.switch = DetailSwitch(self.tracker, enabled=enabled, rng=random.Random(seed))
+        self.hooked = {"forward": True, "backward": True, "steps": True}
+        self.changes: list[tuple[str, bool, str]] = []
+        for name, any_thread in (("steps", False), ("forward", True), ("backward", True)):
+            self.switch.add(
+                DetailHook(name, self._setter(name, True), self._setter(name, False), any_thread)
+            )
+        self.t = 100.0
+
+    def _setter(self, name: str, on: bool):  # type: ignore[no-untyped-def]
+        def set_it() -> None:
+            if self.hooked[name] != on:
+                self.changes.append((name, on, "x"))
+            self.hooked[name] = on
+
+        return set_it
+
+    def _emit(self, draft: StepDraft) -> None:
+        self.steps.append(draft)
+        self.switch.step_ended(draft)  # as the probe's _on_draft does
+
+    def fetch(self, seconds: float = 0.0002) -> None:
+        tr, sw = self.tracker, self.switch
+        tr.loader_enter(self.t)
+        if not sw.on and tr.step_fetches >= sw.fetch_limit:  # as the loader hook does
+            sw.fetch_overflow()
+        self.t += seconds
+        tr.loader_exit(self.t, 8, fetched=True)
+
+    def forward(self, seconds: float = 0.0002, grad: bool = True) -> None:
+        if self.hooked["forward"]:
+            self.tracker.forward_enter(self.t, 8, grad, autocast=False)
+        self.t += seconds
+        if self.hooked["forward"]:
+            self.tracker.forward_exit(self.t, grad)
+
+    def backward(self, seconds: float = 0.0002) -> None:
+        if self.hooked["backward"]:
+            self.tracker.backward_enter(self.t)
+        self.t += seconds
+        if self.hooked["backward"]:
+            self.tracker.backward_exit(self.t)
+
+    def optimizer(self, seconds: float = 0.0001) -> None:
+        if self.hooked["steps"]:
+            self.tracker.optimizer_enter(self.t)
+        self.t += seconds
+        self.tracker.optimizer_exit(self.t, "sgd")
+
+    def step(self, fetches: int = 1, host: float = 0.0001, fwd: float = 0.0002) -> None:
+        for _ in range(fetches):
+            self.fetch()
+        self.forward(fwd)
+        self.t += host  # the script's own host work between calls
+        self.backward()
+        self.optimizer()
+
+    def all_on(self) -> bool:
+        return all(self.hooked.values())
+
+    def all_off(self) -> bool:
+        return not any(self.hooked.values())
+
+
+def test_after_the_warm_up_short_steps_get_the_hooks_in_windows() -> None:
+    job = Job()
+    pattern: list[bool] = []
+    for _ in range(WARMUP_STEPS + 3 * GAP_STEPS[1] + 3 * WINDOW_STEPS):
+        pattern.append(job.all_on())
+        assert job.all_on() or job.all_off()  # never half way at a step's start
+        job.step()
+    assert all(pattern[:WARMUP_STEPS])
+    assert not pattern[WARMUP_STEPS]
+    # Runs of steps with the hooks: windows of WINDOW_STEPS; gaps within GAP_STEPS.
+    runs: list[tuple[bool, int]] = []
+    for on in pattern[WARMUP_STEPS:]:
+        if runs and runs[-1][0] == on:
+            runs[-1] = (on, runs[-1][1] + 1)
+        else:
+            runs.append((on, 1))
+    windows = [n for on, n in runs[:-1] if on]
+    gaps = [n for on, n in runs[:-1] if not on]
+    assert len(windows) >= 2 and set(windows) == {WINDOW_STEPS}
+    assert gaps and all(GAP_STEPS[0] <= n <= GAP_STEPS[1] for n in gaps)
+    assert job.switch.windows == len(windows) + (1 if runs[-1][0] else 0)
+    # Hooks on a small share of the steps, whatever the model's depth.
+    share = sum(pattern[WARMUP_STEPS:]) / len(pattern[WARMUP_STEPS:])
+    assert 0.03 < share < 0.12
+
+
+def test_steps_without_the_hooks_keep_their_data_wait_and_lose_only_compute() -> None:
+    job = Job()
+    for _ in range(WARMUP_STEPS + GAP_STEPS[1] + WINDOW_STEPS + 2):
+        job.step(host=0.0001, fwd=0.0002)
+    full = [s for s in job.steps if s.compute_s is not None]
+    partial = [s for s in job.steps if s.compute_s is None]
+    assert len(full) >= WARMUP_STEPS + WINDOW_STEPS - 1
+    assert len(partial) >= GAP_STEPS[0]
+    for s in job.steps:
+        assert s.data_wait_s == pytest.approx(0.0002)
+        assert s.duration_s == pytest.approx(0.0002 + 0.0002 + 0.0001 + 0.0002 + 0.0001)
+    for s in full[1:]:
+        # forward, backward and optimizer: everything but the fetch and the host work
+        assert s.compute_s == pytest.approx(0.0005)
+        assert s.outside_s == pytest.approx(0.0001)
+
+
+def test_long_steps_steps_without_batches_and_phases_keep_every_hook() -> None:
+    for how in ("long", "no_fetch", "phase"):
+        job = Job()
+        for i in range(WARMUP_STEPS + 2 * GAP_STEPS[1]):
+            if how == "long":
+                job.step(host=LONG_STEP_S)
+            elif how == "no_fetch":
+                job.forward()
+                job.backward()
+                job.optimizer()
+            else:
+                job.tracker.phase_enter(job.t, "warmup")
+                job.step()
+            assert job.all_on(), (how, i)
+        assert all(s.compute_s is not None for s in job.steps), how
+
+
+def test_disabled_sampling_keeps_every_hook_on_every_step() -> None:
+    job = Job(enabled=False)
+    for _ in range(WARMUP_STEPS + 2 * GAP_STEPS[1]):
+        job.step()
+        assert job.all_on()
+    assert job.changes == []
+
+
+def test_a_step_that_fetches_more_than_usual_gets_the_hooks_and_its_evaluation_split_out() -> None:
+    job = Job()
+    for _ in range(WARMUP_STEPS + 2):
+        job.step()
+    assert job.all_off()
+    before = len(job.steps)
+    # An evaluation loop of 12 batches between two train steps, then a train step.
+    for _ in range(12):
+        job.fetch()
+        job.forward(grad=False)
+    assert job.all_on()  # turned on at the third fetch, inside the step
+    job.step()
+    new = job.steps[before:]
+    assert [s.phase for s in new] == ["eval", "train"]
+    evaluation, train = new
+    assert evaluation.compute_s is None  # its first forward calls were not seen
+    assert train.compute_s == pytest.approx(0.0005)
+
+
+def test_the_probes_thread_wakes_the_hooks_when_steps_stop() -> None:
+    job = Job()
+    for _ in range(WARMUP_STEPS + 2):
+        job.step()
+    assert job.all_off()
+    assert not job.switch.overdue(job.t + OVERDUE_S / 2)
+    job.t += OVERDUE_S  # a long pause between steps (an evaluation without a loader)
+    assert job.switch.overdue(job.t)
+    job.switch.wake()
+    # Attribute-set hooks come back at once; torch's hook table waits for the thread.
+    assert job.hooked == {"forward": True, "backward": True, "steps": False}
+    work = job.tracker.work
+    job.forward(grad=False)
+    assert job.tracker.work == work + 1  # the pause's forward calls count as work again
+    assert not job.switch.overdue(job.t + 10)  # woken once
+    job.step()
+    assert job.all_on()
+    assert job.steps[-1].compute_s is None  # the woken step was partial
+    job.step()
+    assert job.steps[-1].compute_s is not None
+
+
+def test_a_failing_hook_leaves_the_switch_state_consistent() -> None:
+    job = Job()
+    boom = DetailHook("bad", lambda: None, _raise, any_thread=True)
+    job.switch.add(boom)
+    with pytest.raises(RuntimeError):
+        for _ in range(WARMUP_STEPS + 1):
+            job.step()
+    job.switch.enabled = False
+    job.switch.restore()
+    assert job.all_on() and job.switch.on
+
+
+def test_once_torch_compile_traced_something_the_hooks_stay_on_for_good() -> None:
+    job = Job()
+    traced = [False]
+    job.switch.compiled = lambda: traced[0]
+    for _ in range(WARMUP_STEPS + 1):
+        job.step()
+    assert job.all_off()
+    traced[0] = True  # a function calling the model was compiled while the hooks were off
+    for _ in range(2 * GAP_STEPS[1]):
+        job.step()
+        assert job.all_on() or job.switch.on is False
+    assert job.all_on() and not job.switch.enabled
+    changes = len(job.changes)
+    for _ in range(2 * GAP_STEPS[1]):
+        job.step()
+    assert len(job.changes) == changes  # never switched again
+
+
+def test_dynamo_traced_reads_dynamos_frame_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+    from collections import Counter, defaultdict
+
+    fake = types.ModuleType("torch._dynamo.utils")
+    counters: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    fake.counters = counters  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", fake)
+    assert not detail_mod.dynamo_traced()
+    assert "frames" not in counters  # read without adding keys to dynamo's defaultdict
+    counters["frames"]["total"] += 1
+    assert detail_mod.dynamo_traced()
+    monkeypatch.delitem(sys.modules, "torch._dynamo.utils")
+    assert not detail_mod.dynamo_traced()
+
+
+def _raise() -> None:
+    raise RuntimeError("cannot detach")
+
+
+def test_the_schedule_constants_keep_the_hooks_on_a_small_share() -> None:
+    mean_gap = sum(GAP_STEPS) / 2
+    assert WINDOW_STEPS / (WINDOW_STEPS + mean_gap) < 0.1
+    assert detail_mod.EXTRA_FETCHES >= 1
+
+
+# --- with torch: the real hooks taken off and put back ---------------------------------------
+
+
+def test_torch_hooks_come_off_and_back_and_an_evaluation_is_still_split_out() -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.optim import optimizer as optimizer_mod
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainmedic.probe import torch_hooks
+    from trainmedic.probe.env import ProbeConfig
+    from trainmedic.probe.runtime import Probe
+
+    t = [1000.0]
+    p = Probe(ProbeConfig("unix:/nonexistent", "t", None, frozenset(), frozenset()),
+              clock=lambda: t[0])  # fmt: skip
+    p.failed = True  # no channel: records are dropped, hooks still run
+    original_backward = torch.autograd.backward
+    p._install_torch(torch)
+    assert p.tracker is not None and p.detail is not None and p.forward is not None
+    p.detail.compiled = lambda: False  # whatever other tests compiled in this process
+    drafts: list[StepDraft] = []
+    on_draft = p._on_draft
+    p.tracker.emit = lambda d: (drafts.append(d), on_draft(d))  # type: ignore[func-returns-value]
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    loader = DataLoader(data, batch_size=4)
+
+    def hooks_on() -> tuple[bool, bool, bool]:
+        wrapped = nn.Sequential.__dict__.get("__call__") is not None
+        return (
+            wrapped,
+            torch.autograd.backward is not original_backward,
+            len(optimizer_mod._global_optimizer_pre_hooks) > 0,
+        )
+
+    def train(steps: int) -> None:
+        done = 0
+        while done < steps:
+            for x, y in loader:
+                t[0] += 0.0005
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+                done += 1
+                if done == steps:
+                    return
+
+    try:
+        train(WARMUP_STEPS + 2)
+        assert hooks_on() == (False, False, False)
+        # An evaluation with its own loader between two train steps, hooks off.
+        with torch.no_grad():
+            for x, _ in DataLoader(data, batch_size=4):
+                model(x)
+        assert hooks_on() == (True, True, True)
+        train(1)
+        assert [d.phase for d in drafts[-2:]] == ["eval", "train"]
+        assert drafts[-1].compute_s is not None
+        # The next window: every hook back, and the steps in it fully timed.
+        train(GAP_STEPS[1] + WINDOW_STEPS + 1)
+        assert p.detail.windows >= 1
+        timed = [d for d in drafts if d.phase == "train" and d.compute_s is not None]
+        untimed = [d for d in drafts if d.phase == "train" and d.compute_s is None]
+        assert len(untimed) >= GAP_STEPS[0]
+        assert len(timed) >= WARMUP_STEPS
+        assert all(d.loader_fetches == 1 and d.samples == 4 for d in untimed)
+        while p.detail.on:  # into a gap
+            train(1)
+        # Steps stop (an evaluation without a loader): the probe's thread wakes the
+        # wrappers it may set; torch's hook table waits for the next step's end.
+        p._wake_detail()
+        assert hooks_on() == (False, False, False)
+        t[0] += OVERDUE_S
+        p._wake_detail()
+        assert hooks_on() == (True, True, False)
+        work = p.tracker.work
+        with torch.no_grad():
+            model(torch.randn(2, 4))
+        assert p.tracker.work == work + 1
+        train(1)
+        assert hooks_on() == (True, True, True)
+        while p.detail.on:  # end in a gap: uninstall must restore hooks that are off
+            train(1)
+    finally:
+        torch_hooks.uninstall(p)
+    assert hooks_on() == (False, False, False)
+    assert torch.autograd.backward is original_backward
