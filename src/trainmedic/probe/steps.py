@@ -31,6 +31,12 @@ loader wait when the step fetched from a DataLoader; otherwise it is the host
 time outside compute (the script's own batch preparation), which the CUDA part
 may narrow to the time the GPU actually waited (:mod:`trainmedic.probe.cuda`).
 
+Without the compute hooks (:mod:`trainmedic.probe.detail` takes them off on
+most short steps), only loader events and step ends arrive: a segment begun
+or passed without them is *partial* - its length and data wait are known,
+its compute is not (``compute_s`` is ``None``), and its gradient-free forward
+calls do not count towards telling an evaluation apart.
+
 Phases: time inside ``trainmedic.phase(name)`` is kept out of the train step
 around it and reported as a record of that phase. Without the API, a step
 holding many more forward calls with gradients disabled than usual (an
