@@ -402,29 +402,6 @@ class StepTracker:
             if "optimizer" in regions:
                 return  # a nested optimizer step
         # else: no region open - the pre-step hook is off (trainmedic.probe.detail)
-        seg = self._seg
-        if (
-            optimizer == self._lead
-            and self.mode == "optimizer"
-            and seg.mark is None
-            and not self._held
-            and not self._phases
-            and not self._others
-        ):
-            # The common step end: _close and _finish for this case, inline.
-            if seg.t_start is None:
-                seg.t_start = now
-            self._seg = new = Segment(now)
-            if not self.detail:
-                new.partial = True
-            self.wants_batch = True
-            if not seg.partial:
-                self._nograd_history.append(seg.nograd_forwards)
-            by_phase = self.steps_by_phase
-            number = by_phase.get(TRAIN, 0) + 1
-            by_phase[TRAIN] = number
-            self.emit(StepDraft(number, TRAIN, "optimizer", now, seg))
-            return
         if self.mode == "api":
             self.wants_batch = self._seg.forward_samples is None
             return
