@@ -349,3 +349,36 @@ def test_torch_hooks_come_off_and_back_and_an_evaluation_is_still_split_out() ->
         torch_hooks.uninstall(p)
     assert hooks_on() == (False, False, False)
     assert torch.autograd.backward is original_backward
+
+
+def test_without_the_compute_hooks_a_steps_gpu_marker_is_taken_when_its_batch_arrives() -> None:
+    """On CUDA the step's start event is recorded at its first compute; with the
+    compute hooks off, at the end of its first fetch instead."""
+
+    class Listener:
+        def __init__(self, job: Job) -> None:
+            self.job = job
+            self.marks: list[float] = []
+
+        def segment_started(self) -> object:
+            self.marks.append(self.job.t)
+            return self.job.t
+
+    job = Job()
+    listener = Listener(job)
+    job.tracker.listener = listener
+    for _ in range(3):
+        job.step()
+    step = job.steps[-1]
+    assert step.start_marker == listener.marks[-1]
+    # the first forward call, after the fetch
+    assert step.start_marker == pytest.approx(step.t_end - step.duration_s + 0.0002)
+    for _ in range(WARMUP_STEPS - 3):
+        job.step()
+    assert job.all_off()
+    before = len(listener.marks)
+    job.step(fetches=1)
+    assert len(listener.marks) == before + 1  # one marker a step, with or without hooks
+    step = job.steps[-1]
+    assert step.compute_s is None
+    assert step.start_marker == pytest.approx(step.t_end - step.duration_s + 0.0002)

@@ -298,7 +298,7 @@ class StepTracker:
         seg.compute_seen = True
         if seg.t_start is None:
             seg.t_start = now
-        if self.listener is not None:
+        if self.listener is not None and seg.start_marker is None:  # None: no fetch took it
             seg.start_marker = self.listener.segment_started()
 
     def _first_forward(
