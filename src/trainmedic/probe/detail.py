@@ -25,8 +25,8 @@ matters:
   steps that fetched no batch (their data wait *is* the host time outside
   compute), steps of a phase other than training, steps not ended by an
   optimizer, and while the forward watch discovers root modules;
-* a step fetching more batches than :data:`EXTRA_FETCHES` beyond the one
-  before it (an evaluation loop between two train steps: its gradient-free
+* a step fetching more than :data:`EXTRA_FETCHES` batches beyond the last
+  step with the hooks (an evaluation loop between two train steps: its gradient-free
   forward calls must be counted for it to be split out) - turned on by the
   loader hook, at the fetch;
 * no step ended for :data:`OVERDUE_S` (anything between steps: the forward
@@ -67,7 +67,7 @@ GAP_STEPS = (40, 88)
 LONG_STEP_S = 0.02
 """Steps at least this long (seconds) keep the hooks: they cost them < 0.1 %."""
 EXTRA_FETCHES = 1
-"""Batches fetched beyond the previous step's count after which the hooks come on."""
+"""Batches fetched beyond the count of the last step with the hooks, after which they come on."""
 OVERDUE_S = 0.2
 """Seconds without a step's end after which the probe's thread turns the hooks on."""
 
