@@ -53,7 +53,13 @@ def test_recent_step_statistics() -> None:
 def test_a_training_process_is_sampled_often_until_its_steps_are_known() -> None:
     clock = Clock()
     policy = MainPolicy(StepStats(), lambda: None, clock)
-    assert policy.period(None) == FAST_S
+    # Steps become known at the probe's first send, 0.2-0.5 s in: a run that
+    # short gets its first samples as fast as a known wait does...
+    assert policy.period(None) == FIRST_S
+    periods = [policy.period("outside") for _ in range(FIRST_SAMPLES)]
+    assert periods[: FIRST_SAMPLES - 1] == [FIRST_S] * (FIRST_SAMPLES - 1)
+    # ...and no more of them than that before its steps are known.
+    assert policy.period("outside") == FAST_S
 
 
 def test_a_loader_bound_process_is_sampled_often_enough_for_its_diagnosis() -> None:

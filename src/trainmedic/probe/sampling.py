@@ -8,7 +8,8 @@ diagnosing, and rare (:data:`SLOW_S`) while steps are healthy:
   reports a data wait from 20 %) - every :data:`FIRST_S` for the first
   :data:`FIRST_SAMPLES` samples of the wait, then about
   :data:`WAIT_SAMPLES_PER_S` samples of the wait a second -, before the first
-  steps are known, and every
+  steps are known (every :data:`FIRST_S` for the first :data:`FIRST_SAMPLES`
+  samples, as a run of a fraction of a second needs them), and every
   :data:`FAST_S` while the current wait has lasted :data:`STALL_FACTOR` times
   the usual step and at least :data:`STALL_FLOOR_S` (a stall in progress: the
   diagnosis names a stall's cause from the stack samples taken during it);
@@ -130,7 +131,9 @@ class MainPolicy:
             self.taken += 1
         stats = self._stats
         if not stats.known:
-            return FAST_S
+            # Steps are known only from the probe's first send (0.2-0.5 s in): a run
+            # that short still needs its first samples, as often as once they are.
+            return FIRST_S if self.taken < FIRST_SAMPLES else FAST_S
         share = stats.wait_share
         if share >= WATCH_SHARE:
             if self.taken < FIRST_SAMPLES:
