@@ -27,6 +27,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profiler", action="store_true")
+    parser.add_argument("--times-out", help="write every step's time (seconds, one a line) here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     job = build(args.model)
@@ -48,6 +49,11 @@ def main():
         loop_s = time.perf_counter() - start
         thread_s = time.thread_time() - thread0
         process_s = time.process_time() - process0
+    if args.times_out:
+        with open(args.times_out, "w") as f:
+            f.write("".join(f"{t!r}\n" for t in step_times))
+        with open(args.times_out + ".end", "w") as f:
+            f.write(repr(last))
     step_times.sort()
     print(
         "BENCH "

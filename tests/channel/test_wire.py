@@ -158,9 +158,48 @@ def test_a_steps_line_carries_many_steps_as_rows() -> None:
     assert len(many) < 100 * len(encode_message(full))
 
 
+def test_a_steps_line_with_t0_carries_times_in_integer_nanoseconds() -> None:
+    cols = ("step", "t", "duration_s", "data_wait_s", "compute_s", "samples")
+    rows: list[list[object]] = [
+        [7, 0, 731_000, 117_000, None, 64],
+        [8, 731_250, 731_250, 0, 5, None],
+    ]
+    line = encode_steps(10, None, rows, cols, t0=1_796_113_648.5)
+    batch, _ = decode_line(line)
+    assert isinstance(batch, StepBatch)
+    first, second = batch.steps
+    assert (first.step, first.samples, first.compute_s) == (7, 64, None)
+    assert first.t == 1_796_113_648.5 and second.t == pytest.approx(1_796_113_648.50073125)
+    assert first.duration_s == pytest.approx(0.000731, abs=1e-12)
+    assert first.data_wait_s == pytest.approx(0.000117, abs=1e-12)
+    assert second.compute_s == pytest.approx(5e-9) and second.samples is None
+    assert (first.source, first.phase, first.pid) == ("optimizer", "train", 10)
+
+
 @pytest.mark.parametrize(
     "obj",
     [
+        {
+            "k": "steps",
+            "pid": 1,
+            "cols": ["step", "t", "duration_s"],
+            "t0": 5.0,
+            "rows": [[1, 0, 0.5]],
+        },  # seconds where nanoseconds are due
+        {
+            "k": "steps",
+            "pid": 1,
+            "cols": ["step", "t", "duration_s"],
+            "t0": "5",
+            "rows": [[1, 0, 5]],
+        },
+        {
+            "k": "steps",
+            "pid": 1,
+            "cols": ["step", "t", "duration_s"],
+            "t0": 5.0,
+            "rows": [[1, None, 5]],
+        },
         {"k": "steps", "pid": 1, "cols": ["step", "t"], "rows": [[1, 2.0]]},  # no duration
         {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s", "pid"], "rows": []},
         {"k": "steps", "pid": 1, "cols": ["step", "t", "duration_s", "nope"], "rows": []},

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 import pytest
 
-from trainmedic.channel.wire import STEP_COLUMNS, StepBatch, decode_line
+from trainmedic.channel.wire import HOST_STEP_COLUMNS, STEP_COLUMNS, StepBatch, decode_line
 from trainmedic.probe.agent import IDLE_STEPS_S
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.runtime import Probe
 from trainmedic.probe.sampling import StepStats
 from trainmedic.probe.segments import Segment
+from trainmedic.probe.steplines import LINE_ROWS, StepLines
 from trainmedic.probe.steps import StepDraft, StepTracker
+from trainmedic.record.types import StepRecord
 
 
 class Watch:
@@ -169,14 +172,29 @@ class Timing:
     idle_before_s = 0.05
 
 
+def sent(probe: Probe, *queued: tuple[StepDraft, object, object]) -> list[StepRecord]:
+    """The step records the supervisor reads from the lines the probe writes for ``queued``."""
+    lines: list[bytes] = []
+    steps = StepLines(probe.pid, probe.rank, probe.wall_offset, lines)
+    for message in queued:
+        steps.add(*message)
+    steps.close()
+    records: list[StepRecord] = []
+    for line in lines:
+        batch, _ = decode_line(line)
+        assert isinstance(batch, StepBatch)
+        records += batch.steps
+    return records
+
+
 def test_step_rows_carry_the_gpu_view_of_the_data_wait() -> None:
     probe, _, _ = make_probe()
-    row = dict(zip(STEP_COLUMNS, probe._step_row(draft(), Timing(), None), strict=True))
+    (row,) = sent(probe, (draft(), Timing(), None))
     # No DataLoader: the GPU's idle gap, not the host time spent in a sync.
-    assert row["data_wait_s"] == 0.05 and row["gpu_time_s"] == 0.25
-    assert row["t"] == 1.5 + probe.wall_offset
-    with_loader = probe._step_row(draft(fetches=1, data_wait_s=0.2), Timing(), None)
-    assert dict(zip(STEP_COLUMNS, with_loader, strict=True))["data_wait_s"] == 0.2
+    assert row.data_wait_s == pytest.approx(0.05) and row.gpu_time_s == pytest.approx(0.25)
+    assert row.t == pytest.approx(1.5 + probe.wall_offset, abs=1e-6)
+    (with_loader,) = sent(probe, (draft(fetches=1, data_wait_s=0.2), Timing(), None))
+    assert with_loader.data_wait_s == pytest.approx(0.2)
 
 
 class FakeEvent:
@@ -238,10 +256,55 @@ def test_cuda_timings_reach_the_step_rows_through_the_tracker_listener() -> None
         tracker.optimizer_exit(t + 0.07, "sgd")
     errors = [m for m in probe.outbox if not isinstance(m, tuple)]
     assert errors == []
-    rows = [dict(zip(STEP_COLUMNS, probe._step_row(*m), strict=True)) for m in probe.outbox]  # type: ignore[misc]
+    rows = sent(probe, *probe.outbox)  # type: ignore[arg-type]
     assert len(rows) == 3
-    assert all(r["gpu_time_s"] == pytest.approx(0.07) for r in rows)
-    assert rows[0]["alloc_peak_bytes"] == 10
+    assert all(r.gpu_time_s == pytest.approx(0.07) for r in rows)
+    assert rows[0].alloc_peak_bytes == 10
     # After the first step, the GPU sat idle from the last step's end event to this step's
     # start: less than the host's preparation outside compute.
-    assert rows[1]["data_wait_s"] == pytest.approx(9.93)
+    assert rows[1].data_wait_s == pytest.approx(9.93)
+
+
+class Alloc:
+    alloc_peak_bytes = 3 << 30
+    reserved_peak_bytes = 4 << 30
+    alloc_retries = 2
+    ooms = 0
+
+
+def test_host_steps_leave_out_the_gpu_columns_and_keep_their_times_to_the_nanosecond() -> None:
+    probe, _, _ = make_probe()
+    lines: list[bytes] = []
+    steps = StepLines(probe.pid, 3, probe.wall_offset, lines)
+    drafts = [draft(step=i, duration_s=0.000731 + i * 1e-9, data_wait_s=0.000117) for i in (1, 2)]
+    steps.add(drafts[0], None, None)
+    steps.add(drafts[1], None, Alloc())  # a CUDA step: every column
+    steps.add(draft(step=3), None, None)
+    steps.close()
+    objs = [json.loads(line) for line in lines]
+    # One line per run of steps of one shape, in order.
+    assert [tuple(o["cols"]) for o in objs] == [HOST_STEP_COLUMNS, STEP_COLUMNS, HOST_STEP_COLUMNS]
+    assert all(isinstance(v, int) for v in objs[0]["rows"][0][1:5])  # nanoseconds
+    assert [o["rank"] for o in objs] == [3, 3, 3]
+    records = sent(probe, (drafts[0], None, None), (drafts[1], None, Alloc()))
+    for record, made in zip(records, drafts, strict=True):
+        assert record.duration_s == pytest.approx(made.duration_s, abs=1e-9)
+        assert record.data_wait_s == pytest.approx(made.data_wait_s, abs=1e-9)
+        assert record.compute_s == pytest.approx(made.compute_s, abs=1e-9)
+        assert record.t == pytest.approx(1.5 + probe.wall_offset, abs=1e-6)
+        assert record.samples == 8 and record.source == "optimizer" and record.phase == "train"
+    assert records[0].alloc_peak_bytes is None
+    assert (records[1].alloc_peak_bytes, records[1].alloc_retries) == (3 << 30, 2)
+
+
+def test_a_line_holds_at_most_line_rows_steps_and_says_when_one_is_full() -> None:
+    probe, _, _ = make_probe()
+    lines: list[bytes] = []
+    steps = StepLines(probe.pid, None, probe.wall_offset, lines)
+    full = [steps.add(draft(step=i + 1), None, None) for i in range(LINE_ROWS * 2 + 5)]
+    steps.close()
+    assert [i for i, done in enumerate(full) if done] == [LINE_ROWS - 1, 2 * LINE_ROWS - 1]
+    counts = [len(json.loads(line)["rows"]) for line in lines]
+    assert counts == [LINE_ROWS, LINE_ROWS, 5]
+    assert steps.train_steps == LINE_ROWS * 2 + 5
+    assert steps.train_s == pytest.approx(0.5 * steps.train_steps)

@@ -218,7 +218,7 @@ def test_gpu_utilization_without_a_pid_match_skips_empty_gpus() -> None:
     assert only_empty.gpu_utilization_mean_pct == pytest.approx(0.0)
 
 
-def test_a_window_of_steps_partly_without_compute_times_keeps_the_share_of_compute() -> None:
+def test_a_window_of_steps_partly_without_compute_or_gpu_times_keeps_their_shares() -> None:
     """Short steps timed without the compute hooks (docs/run.md) have no compute
     time: a window folding them must not dilute the share over all its steps."""
     import dataclasses
@@ -231,21 +231,27 @@ def test_a_window_of_steps_partly_without_compute_times_keeps_the_share_of_compu
     for rank in (0, 1):
         pid = 100 + rank
         exact = make_steps([2.0, 0.2, 0.2, 0.2], wait=0.05, samples=32, compute=0.1,
-                           pid=pid, rank=rank)  # fmt: skip
+                           gpu_time=0.15, pid=pid, rank=rank)  # fmt: skip
         later = [  # 4 of each 16 steps timed with the compute hooks
             s if (s.step - 5) % 16 < 4 else dataclasses.replace(s, compute_s=None)
             for s in make_steps([0.2] * 64, wait=0.05, samples=32, compute=0.1, pid=pid,
-                                rank=rank, start=exact[-1].t, first_step=5)
+                                rank=rank, start=exact[-1].t, first_step=5, gpu_time=0.15)
         ]  # fmt: skip
+        # Every eighth step's CUDA events were not ready when its record was made.
+        later = [s if s.step % 8 else dataclasses.replace(s, gpu_time_s=None) for s in later]
         builder = WindowBuilder(later[0])
         for s in later:
             builder.add(s)
         window = decode_window(json.loads(json.dumps(encode_window(builder.build()))))
         assert (window.compute_count, window.compute_duration_sum_s) == (16, pytest.approx(3.2))
+        assert (window.gpu_time_count, window.gpu_time_duration_sum_s) == (56, pytest.approx(11.2))
         steps += exact
         windows.append(window)
         events.append(builders.make_event("process_start", pid=pid, rank=rank, local_rank=rank))
     record = make_record(steps=steps, windows=windows, events=events)
-    assert summarize(record).compute_share == pytest.approx(0.1 / 0.2)  # 0.125 if diluted
+    summary = summarize(record)
+    assert summary.compute_share == pytest.approx(0.1 / 0.2)  # 0.125 if diluted
+    assert summary.gpu_time_share == pytest.approx(0.15 / 0.2)  # 0.656 if diluted
     stats = rank_stats(record, split_steps(all_spans(record)))
     assert [r.compute_s for r in stats] == [pytest.approx(0.1)] * 2
+    assert [r.gpu_time_s for r in stats] == [pytest.approx(0.15)] * 2

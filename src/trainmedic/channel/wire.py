@@ -163,12 +163,41 @@ STEP_COLUMNS = (
     "autocast",
 )
 """The columns of a ``steps`` line as the probe writes them (``StepRecord`` fields)."""
+HOST_STEP_COLUMNS = (
+    "step",
+    "t",
+    "duration_s",
+    "data_wait_s",
+    "compute_s",
+    "samples",
+    "source",
+    "phase",
+    "autocast",
+)
+"""The columns of a step with no GPU timing and no allocator reading (a CPU job)."""
+STEP_TIME_COLUMNS = frozenset(("t", "duration_s", "data_wait_s", "compute_s", "gpu_time_s"))
+"""Columns that hold integer nanoseconds in a ``steps`` line with a ``t0``."""
 _STEP_FIELDS = frozenset(f.name for f in fields(StepRecord)) - {"pid", "rank"}
 
 
-def encode_steps(pid: int, rank: int | None, rows: list[list[Any]]) -> bytes:
-    """One ``steps`` line: ``rows`` hold the :data:`STEP_COLUMNS` of each step, in order."""
-    obj = {"k": "steps", "pid": pid, "rank": rank, "cols": STEP_COLUMNS, "rows": rows}
+def encode_steps(
+    pid: int,
+    rank: int | None,
+    rows: list[list[Any]],
+    cols: tuple[str, ...] = STEP_COLUMNS,
+    t0: float | None = None,
+) -> bytes:
+    """One ``steps`` line: ``rows`` hold the ``cols`` of each step, in order.
+
+    With ``t0`` (Unix seconds), the :data:`STEP_TIME_COLUMNS` hold integer
+    nanoseconds, ``t`` counted from ``t0``: JSON writes an integer several times
+    faster than a float, and the probe's thread writes every step of the job.
+    Without it they hold seconds.
+    """
+    obj: dict[str, Any] = {"k": "steps", "pid": pid, "rank": rank, "cols": cols}
+    if t0 is not None:
+        obj["t0"] = t0
+    obj["rows"] = rows
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
 
 
@@ -179,11 +208,21 @@ def _steps(obj: Mapping[str, Any]) -> StepBatch:
     unknown = set(cols) - _STEP_FIELDS
     if unknown or len(set(cols)) != len(cols) or not {"step", "t", "duration_s"} <= set(cols):
         raise ValueError(f"bad step columns {cols!r}")
+    t0 = _opt_float(obj.get("t0"))
+    in_ns = () if t0 is None else tuple(i for i, c in enumerate(cols) if c in STEP_TIME_COLUMNS)
+    t_index = cols.index("t")
     steps = []
     for row in _list(obj["rows"]):
         values = _list(row)
         if len(values) != len(cols):
             raise ValueError(f"a step row has {len(values)} values for {len(cols)} columns")
+        if in_ns:
+            values = list(values)
+            for i in in_ns:
+                ns = values[i]
+                if ns is not None:
+                    values[i] = _int(ns) / 1e9
+            values[t_index] += t0
         named = {codec.STEP_KEYS[c]: v for c, v in zip(cols, values, strict=True) if v is not None}
         named[codec.STEP_KEYS["pid"]] = pid
         if rank is not None:

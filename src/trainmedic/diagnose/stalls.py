@@ -235,7 +235,7 @@ def _cause(span: StepSpan, view: RunView, th: Thresholds, throttled: list[Interv
     cores = view.usable_cores
     if _is_data_stall(span, th):
         return _data_cause(view, th, window, host, cores)
-    gpu_share = span.gpu_time_s / span.duration_s if span.gpu_time_s and span.duration_s else None
+    gpu_share = span.gpu_share if span.gpu_time_s else None
     host_side = span.gpu_time_s is not None and (gpu_share or 0.0) < 0.5
     if not host_side:
         if throttled and overlaps(throttled, [a for a, _ in throttled], *window):

@@ -38,10 +38,6 @@ HEARTBEAT_S = 1.0
 FIRST_CONNECT_DELAY_S = 0.2
 """The first connection waits this long (the hello then carries the final
 ``sys.argv``, and processes shorter than this with nothing to say send nothing)."""
-BATCH_STEPS = 64
-"""Steps per ``steps`` line at most. The probe's thread yields the interpreter
-to the training thread after each line (``time.sleep(0)``), so that it never
-holds the GIL for long while the training thread waits for it."""
 IDLE_STEPS_S = 2.0
 """Seconds without a step (and at least 3 usual steps), the job working, after
 which the probe's thread asks the forward watch to look for new root modules."""
@@ -153,32 +149,6 @@ class ProbeAgent:
         """A step ended: scripts without a DataLoader get their batch preparation sampled."""
         if not self.state.loader_used and self.sampler is None:
             self._start_sampler()
-
-    def _step_row(self, draft: StepDraft, timing: Any, alloc: Any) -> list[Any]:
-        """The step's values in :data:`~trainmedic.channel.wire.STEP_COLUMNS` order
-        (the probe's thread builds them: the training thread only queued the draft)."""
-        _, duration, outside, data_wait, compute = draft.times()
-        gpu_time: float | None = None
-        if timing is not None:
-            gpu_time = timing.gpu_time_s
-            if (
-                draft.loader_fetches == 0
-                and compute is not None
-                and timing.idle_before_s is not None
-            ):
-                # The GPU's idle gap before the step, not host time spent in a sync.
-                data_wait = min(outside, timing.idle_before_s)
-        if alloc is None:
-            return [
-                draft.step, draft.t_end + self.wall_offset, duration, data_wait, compute,
-                gpu_time, draft.samples, draft.source, draft.phase, None, None, None, None,
-                draft.autocast,
-            ]  # fmt: skip
-        return [
-            draft.step, draft.t_end + self.wall_offset, duration, data_wait, compute,
-            gpu_time, draft.samples, draft.source, draft.phase, alloc.alloc_peak_bytes,
-            alloc.reserved_peak_bytes, alloc.alloc_retries, alloc.ooms, draft.autocast,
-        ]  # fmt: skip
 
     def _agent_main(self) -> None:
         stop = self._stop
@@ -320,9 +290,12 @@ class ProbeAgent:
     def _flush(self) -> None:
         """Send the outbox (hello first when due); on a broken channel, drop it.
 
-        Consecutive steps go out as one ``steps`` line of rows."""
+        Consecutive steps go out as ``steps`` lines (:mod:`trainmedic.probe.steplines`)."""
+        import contextlib  # here, not at the job's start-up: this runs on the probe's thread
+
         from trainmedic.channel.client import ChannelClient
-        from trainmedic.channel.wire import encode_message, encode_steps
+        from trainmedic.channel.wire import encode_message
+        from trainmedic.probe.steplines import StepLines
 
         if self.client is None:
             self.client = ChannelClient(self.config.address)
@@ -331,9 +304,7 @@ class ProbeAgent:
             self._hello_due = False
             chunks.append(self._hello_line())
         outbox = self.outbox
-        rows: list[list[Any]] = []
-        train_s = wait_s = 0.0
-        train_steps = 0
+        steps = StepLines(self.pid, self.rank, self.wall_offset, chunks)
         while True:
             try:
                 message = outbox.popleft()
@@ -341,30 +312,17 @@ class ProbeAgent:
                 break
             try:
                 if isinstance(message, tuple):
-                    row = self._step_row(*message)
-                    rows.append(row)
-                    if row[8] == "train":  # phase; duration and data wait in columns 2, 3
-                        train_s += row[2]
-                        wait_s += row[3]
-                        train_steps += 1
-                    if len(rows) < BATCH_STEPS:
-                        continue
-                if rows:
-                    chunks.append(encode_steps(self.pid, self.rank, rows))
-                    rows = []
-                    time.sleep(0)  # let a training thread waiting for the GIL have it
-                if not isinstance(message, tuple):
-                    chunks.append(encode_message(message))
+                    if steps.add(*message):
+                        time.sleep(0)  # let a training thread waiting for the GIL have it
+                    continue
+                steps.close()
+                chunks.append(encode_message(message))
             except Exception:
-                rows = []
                 continue  # one unencodable record must not stop the others
-        if rows:
-            try:
-                chunks.append(encode_steps(self.pid, self.rank, rows))
-            except Exception:
-                rows = []  # unencodable (not expected: rows hold numbers and strings)
-        if train_steps and self.step_stats is not None:
-            self.step_stats.add(train_s, wait_s, train_steps)
+        with contextlib.suppress(Exception):  # unencodable: not expected of numbers and strings
+            steps.close()
+        if steps.train_steps and self.step_stats is not None:
+            self.step_stats.add(steps.train_s, steps.wait_s, steps.train_steps)
         if not chunks:
             return
         if self.client.send(b"".join(chunks)):

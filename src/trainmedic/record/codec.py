@@ -123,6 +123,8 @@ WINDOW_KEYS: dict[str, str] = {
     "phase": "ph",
     "compute_count": "cn",
     "compute_duration_sum_s": "cds",
+    "gpu_time_count": "gn",
+    "gpu_time_duration_sum_s": "gds",
 }
 
 
@@ -147,6 +149,9 @@ def encode_window(w: StepWindow) -> dict[str, Any]:
         out[k["compute_duration_sum_s"]] = rounded(w.compute_duration_sum_s, TIME_DIGITS)
     if w.gpu_time_sum_s is not None:
         out[k["gpu_time_sum_s"]] = rounded(w.gpu_time_sum_s, TIME_DIGITS)
+    if w.gpu_time_count is not None and w.gpu_time_duration_sum_s is not None:
+        out[k["gpu_time_count"]] = w.gpu_time_count
+        out[k["gpu_time_duration_sum_s"]] = rounded(w.gpu_time_duration_sum_s, TIME_DIGITS)
     if w.samples_sum is not None:
         out[k["samples_sum"]] = w.samples_sum
     if w.phase != "train":
@@ -173,6 +178,8 @@ def decode_window(obj: Mapping[str, Any]) -> StepWindow:
         phase=str_value(obj.get(k["phase"], "train")),
         compute_count=opt_int(obj.get(k["compute_count"])),
         compute_duration_sum_s=opt_float(obj.get(k["compute_duration_sum_s"])),
+        gpu_time_count=opt_int(obj.get(k["gpu_time_count"])),
+        gpu_time_duration_sum_s=opt_float(obj.get(k["gpu_time_duration_sum_s"])),
     )
 
 

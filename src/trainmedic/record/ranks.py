@@ -204,7 +204,7 @@ def rank_stats(record: RunRecord, split: StepSplit) -> list[RankStats]:
         wait = per_step((s.data_wait_s for s in spans), n)
         compute_n = sum(s.compute_count for s in spans if s.compute_s is not None)
         compute = per_step((s.compute_s for s in spans), compute_n)
-        gpu_n = sum(s.count for s in spans if s.gpu_time_s is not None)
+        gpu_n = sum(s.gpu_count for s in spans if s.gpu_time_s is not None)
         gpu_time = per_step((s.gpu_time_s for s in spans), gpu_n)
         step_time = total / n if n else None
         samples_n = sum(s.count for s in spans if s.samples is not None)

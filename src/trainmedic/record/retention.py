@@ -138,6 +138,8 @@ class WindowBuilder:
         self.compute_count = 0
         self.compute_duration = 0.0
         self.gpu_sum: float | None = None
+        self.gpu_count = 0
+        self.gpu_duration = 0.0
         self.samples_sum: int | None = None
 
     def add(self, step: StepRecord) -> None:
@@ -157,6 +159,8 @@ class WindowBuilder:
             self.compute_duration += step.duration_s
         if step.gpu_time_s is not None:
             self.gpu_sum = (self.gpu_sum or 0.0) + step.gpu_time_s
+            self.gpu_count += 1
+            self.gpu_duration += step.duration_s
         if step.samples is not None:
             self.samples_sum = (self.samples_sum or 0) + step.samples
 
@@ -175,6 +179,8 @@ class WindowBuilder:
             compute_count=self.compute_count,
             compute_duration_sum_s=self.compute_duration,
             gpu_time_sum_s=self.gpu_sum,
+            gpu_time_count=self.gpu_count,
+            gpu_time_duration_sum_s=self.gpu_duration,
             samples_sum=self.samples_sum,
             pid=self.pid,
             phase=self.phase,

@@ -22,7 +22,6 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from trainmedic.record.types import RunRecord, StepRecord, StepWindow
 
@@ -51,6 +50,7 @@ class StepSpan:
         step: the step itself for an exact step, ``None`` for a window.
         compute_count / compute_duration_s: how many of its steps had a compute
             time, and their durations' sum, seconds (shares of compute divide by it).
+        gpu_count / gpu_duration_s: the same for GPU time.
     """
 
     pid: int
@@ -68,6 +68,8 @@ class StepSpan:
     step: StepRecord | None = None
     compute_count: int = 0
     compute_duration_s: float = 0.0
+    gpu_count: int = 0
+    gpu_duration_s: float = 0.0
 
     @property
     def mean_duration_s(self) -> float:
@@ -91,10 +93,14 @@ class StepSpan:
             step=s,
             compute_count=0 if s.compute_s is None else 1,
             compute_duration_s=0.0 if s.compute_s is None else s.duration_s,
+            gpu_count=0 if s.gpu_time_s is None else 1,
+            gpu_duration_s=0.0 if s.gpu_time_s is None else s.duration_s,
         )
 
     @classmethod
     def of_window(cls, w: StepWindow) -> StepSpan:
+        compute = _known(w, w.compute_sum_s, w.compute_count, w.compute_duration_sum_s)
+        gpu = _known(w, w.gpu_time_sum_s, w.gpu_time_count, w.gpu_time_duration_sum_s)
         return cls(
             pid=w.pid,
             phase=w.phase,
@@ -108,18 +114,53 @@ class StepSpan:
             gpu_time_s=w.gpu_time_sum_s,
             samples=w.samples_sum,
             duration_max_s=w.duration_max_s,
-            **_window_compute(w),
+            compute_count=compute[0],
+            compute_duration_s=compute[1],
+            gpu_count=gpu[0],
+            gpu_duration_s=gpu[1],
         )
 
+    @property
+    def gpu_share(self) -> float | None:
+        """GPU time over the duration of the steps that had one, or ``None``."""
+        if self.gpu_time_s is None or self.gpu_duration_s <= 0:
+            return None
+        return self.gpu_time_s / self.gpu_duration_s
 
-def _window_compute(w: StepWindow) -> dict[str, Any]:
-    """A window's steps with a compute time: counted in newer records; in older
-    ones, all of them when it has a compute sum."""
-    if w.compute_sum_s is None:
-        return {"compute_count": 0, "compute_duration_s": 0.0}
-    if w.compute_count is None or w.compute_duration_sum_s is None:
-        return {"compute_count": w.count, "compute_duration_s": w.duration_sum_s}
-    return {"compute_count": w.compute_count, "compute_duration_s": w.compute_duration_sum_s}
+
+def _known(
+    w: StepWindow, total: float | None, count: int | None, duration: float | None
+) -> tuple[int, float]:
+    """How many of a window's steps had a value, and their summed durations: counted
+    in newer records; in older ones, all of them when it has a sum."""
+    if total is None:
+        return 0, 0.0
+    if count is None or duration is None:
+        return w.count, w.duration_sum_s
+    return count, duration
+
+
+def known_share(spans: Iterable[StepSpan], part: str) -> float | None:
+    """sum(part) / sum(duration) over the steps that had ``part`` (``"compute"`` or
+    ``"gpu"``), clamped to [0, 1]; ``None`` when none had it.
+
+    A window's share divides by the durations of its steps that had the value:
+    short steps are timed without the compute hooks between the probe's
+    windows of them (docs/run.md), and a step's CUDA events may not be ready.
+    """
+    num = den = 0.0
+    for s in spans:
+        value, known = (
+            (s.compute_s, s.compute_duration_s)
+            if part == "compute"
+            else (s.gpu_time_s, s.gpu_duration_s)
+        )
+        if value is not None:
+            num += value
+            den += known
+    if den <= 0:
+        return None
+    return min(1.0, max(0.0, num / den))
 
 
 @dataclass(frozen=True)

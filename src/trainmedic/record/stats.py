@@ -31,6 +31,7 @@ from trainmedic.record.spans import (
     StepSpan,
     StepSplit,
     all_spans,
+    known_share,
     merge_intervals,
     split_steps,
     steady_interval,
@@ -190,8 +191,8 @@ def summarize(record: RunRecord) -> RunSummary:
         samples_per_step_mean=samples_per_step,
         samples_per_s=samples_per_s,
         data_wait_share=_share(steady, lambda s: s.data_wait_s),
-        compute_share=_compute_share(steady),
-        gpu_time_share=_share(steady, lambda s: s.gpu_time_s),
+        compute_share=known_share(steady, "compute"),
+        gpu_time_share=known_share(steady, "gpu"),
         gpus=gpus,
         gpu_utilization_mean_pct=_job_gpu_util(gpus),
         job_cpu_mean_cores=_mean(h.job_cpu_pct / 100.0 for h in host),
@@ -242,20 +243,6 @@ def _share(spans: Sequence[StepSpan], part: Any) -> float | None:
         if value is not None:
             num += value
             den += s.duration_s
-    if den <= 0:
-        return None
-    return min(1.0, max(0.0, num / den))
-
-
-def _compute_share(spans: Sequence[StepSpan]) -> float | None:
-    """sum(compute) / sum(duration) over the steps that had a compute time: in a
-    window, only some may have (short steps are timed without the compute hooks
-    between the probe's windows of them, docs/run.md)."""
-    num = den = 0.0
-    for s in spans:
-        if s.compute_s is not None:
-            num += s.compute_s
-            den += s.compute_duration_s
     if den <= 0:
         return None
     return min(1.0, max(0.0, num / den))

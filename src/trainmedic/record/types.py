@@ -76,6 +76,8 @@ class StepWindow:
             time, and their summed durations, seconds - a share of compute is
             ``compute_sum_s`` over the latter (steps timed without the compute
             hooks have none). ``None`` (records before them): every step had one.
+        gpu_time_count / gpu_time_duration_sum_s: the same for GPU time (CUDA
+            events arrive late, and a step whose events were not ready has none).
     """
 
     t_start: float
@@ -94,6 +96,8 @@ class StepWindow:
     phase: str = "train"
     compute_count: int | None = None
     compute_duration_sum_s: float | None = None
+    gpu_time_count: int | None = None
+    gpu_time_duration_sum_s: float | None = None
 
 
 @dataclass(frozen=True)
