@@ -4,15 +4,21 @@ Each job of ``bench_models`` (``overhead_job.py --model NAME``: the 0.7 ms
 MLP, the 3.5 ms deep network, the transformer with ~300 module calls a step)
 runs as a plain process, under ``trainmedic run --quiet --no-html`` and under
 ``torch.profiler``, in rounds that interleave the three (the order rotates
-each round), so a machine whose load drifts affects them alike. Each job
-times its own training loop; the table gives per-step times and their ratios
-to plain as medians over the rounds, the spread of the per-round ratios
-(lowest..highest), and the training thread's and the whole job process's CPU
-per step (CPU time is far less disturbed by other users of the machine than
-wall time). The supervisor's CPU is read with psutil from the ``trainmedic
-run`` process itself (user + system time) while the job runs, as a share of
-one core; the whole-lifetime share (with start-up, diagnosis and report) is
-given too.
+each round), so a machine whose load drifts affects them alike. Each job times
+its own training loop; the table gives per-step times and their ratios to
+plain, each round's run to the same round's plain run, as medians over the
+rounds with a 90 % bootstrap interval of that median (how far the median
+itself can be trusted: on a shared VM a single round moves by ±15 %), the
+spread of the per-round ratios (lowest..highest), and the training thread's
+and the whole job process's CPU per step (CPU time is far less disturbed by
+other users of the machine than wall time). The supervisor's CPU is read with
+psutil from the ``trainmedic run`` process itself (user + system time) while
+the job runs, as a share of one core; the whole-lifetime share (with start-up,
+diagnosis and report) is given too. The supervisor is polled every
+:data:`POLL_S` (one poll costs about 1 ms of CPU, which only the supervised
+modes would pay: polled often, it would be part of what is measured). Every
+source tree is byte-compiled first, so that no mode compiles modules during
+its loop (``PYTHONDONTWRITEBYTECODE`` would otherwise make every run do it).
 
 ``trainmedic doctor`` (no data checks) is timed as a whole command, median
 of several runs.
@@ -33,8 +39,10 @@ job's loop length from a first timing of its step.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -47,7 +55,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "overhead_job.py"
-POLL_S = 0.05
+POLL_S = 0.5
 ABLATED_PARTS = ("stacks", "forward", "backward", "loader", "heartbeat", "steps")
 """Probe parts switched off one at a time by ``--ablate`` (names from ``probe.parts``)."""
 
@@ -263,6 +271,17 @@ def report(results: list[Results], doctor: list[float], args: argparse.Namespace
     return "\n".join(lines)
 
 
+def interval(values: list[float], level: float = 0.9, resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``values`` (seeded: the same rounds give
+    the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples)
+    )
+    tail = (1.0 - level) / 2.0
+    return medians[int(tail * resamples)], medians[int((1.0 - tail) * resamples) - 1]
+
+
 def overhead_table(results: Results) -> list[str]:
     plain = results.samples["plain"]
     base_mean = statistics.median(s.step_mean_s for s in plain)
@@ -273,20 +292,25 @@ def overhead_table(results: Results) -> list[str]:
         f"**{results.model}** ({results.steps} steps per job, plain step "
         f"{base_mean * 1e3:.3f} ms mean, {base_median * 1e3:.3f} ms median)",
         "",
-        "| mode | ratio to plain, mean step | spread | ratio to plain, median step "
+        "| mode | ratio to plain, mean step (90 % interval) | spread "
+        "| ratio to plain, median step (90 % interval) "
         "| training thread CPU / step vs plain | job process CPU / step vs plain |",
         "|---|---|---|---|---|---|",
     ]
     for mode, samples in results.samples.items():
         if mode == "plain":
             continue
-        ratios = [s.step_mean_s / p.step_mean_s for s, p in zip(samples, plain, strict=True)]
-        med = statistics.median(s.step_median_s for s in samples)
+        pairs = list(zip(samples, plain, strict=True))
+        ratios = [s.step_mean_s / p.step_mean_s for s, p in pairs]
+        medians = [s.step_median_s / p.step_median_s for s, p in pairs]
+        low, high = interval(ratios)
+        med_low, med_high = interval(medians)
         thread = statistics.median(s.thread_cpu_s for s in samples) - base_thread
         process = statistics.median(s.process_cpu_s for s in samples) - base_process
         lines.append(
-            f"| {mode} | {statistics.median(ratios):.3f} | {min(ratios):.3f}..{max(ratios):.3f} "
-            f"| {med / base_median:.3f} "
+            f"| {mode} | {statistics.median(ratios):.3f} ({low:.3f}..{high:.3f}) "
+            f"| {min(ratios):.3f}..{max(ratios):.3f} "
+            f"| {statistics.median(medians):.3f} ({med_low:.3f}..{med_high:.3f}) "
             f"| {thread * 1e6:+.1f} µs ({thread / base_thread:+.2%}) "
             f"| {process * 1e6:+.1f} µs ({process / base_process:+.2%}) |"
         )
@@ -333,9 +357,15 @@ def main() -> None:
     args = parser.parse_args()
     base = tuple(m for m in MODES if not (args.no_profiler and m.kind == "profiler"))
     modes = base + (ABLATION_MODES if args.ablate else ())
+    import trainmedic
+
+    trees = [Path(trainmedic.__file__).resolve().parent, HERE]
     if args.baseline_src:
         src = str(Path(args.baseline_src).resolve())
         modes += (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", src),)),)
+        trees.append(Path(src))
+    for tree in trees:
+        compileall.compile_dir(tree, quiet=1)
     results = []
     if args.rounds > 0:
         for model in args.models.split(","):

@@ -9,6 +9,11 @@ not Python start-up. ``--profiler`` records the whole loop with ``torch.profiler
 of every step is recorded), the way a person would profile a script.
 
     python benchmarks/overhead_job.py --model mlp --steps 3000 [--profiler]
+        [--times-out FILE]
+
+``--times-out`` writes every step's time (seconds, one a line) and, to
+``FILE.end``, the loop's last ``time.perf_counter()`` (the system's monotonic
+clock, so that steps can be lined up with what other processes did when).
 """
 
 import argparse

@@ -306,3 +306,48 @@ def test_a_bad_prometheus_address_is_refused_before_anything_starts(
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and says in lines[0]
     assert not marker.exists() and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("TRAINMEDIC_PROBE_DISABLE", "stacks,sampled-detail", "(did you mean sampled_detail?)"),
+        ("TRAINMEDIC_PROBE_INJECT_FAULT", "all", "names no probe part all"),
+    ],
+)
+def test_a_misspelled_probe_part_is_refused_before_the_job_runs(
+    variable: str,
+    value: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trainmedic.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, value)
+    marker = tmp_path / "ran"
+    code = main(["run", "--out", "run", "--", "touch", str(marker)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().count("\n") == 0 and message in err and variable in err
+    assert not (tmp_path / "run").exists() and not marker.exists()
+    # Without the probe the names mean nothing: the job runs.
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--no-html",
+                "--no-probe",
+                "--out",
+                "run",
+                "--",
+                "touch",
+                str(marker),
+            ]
+        )
+        == 0
+    )
+    assert marker.exists()

@@ -115,6 +115,12 @@ def run(
     if simulate is not None:
         load_simulation(simulate)  # a bad file is refused before anything runs
     resolve_command(argv[0], os.environ)
+    if not no_probe:
+        from trainmedic.probe.env import unknown_parts
+
+        wrong = unknown_parts(os.environ)
+        if wrong is not None:
+            raise UsageError(wrong)
     listen = None
     if prometheus is not None:
         from trainmedic.supervise.metrics_server import parse_listen

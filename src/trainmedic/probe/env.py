@@ -71,5 +71,26 @@ class ProbeConfig:
         )
 
 
+def unknown_parts(environ: Mapping[str, str]) -> str | None:
+    """What is wrong with the part names in :data:`DISABLE` and :data:`INJECT_FAULT`
+    (one line), or ``None``: the probe itself ignores names it does not know, so
+    ``trainmedic run`` refuses a misspelled one before the job starts."""
+    from trainmedic.probe.parts import PART_NAMES
+
+    for variable, extra in ((DISABLE, ("all",)), (INJECT_FAULT, ())):
+        known = (*PART_NAMES, *extra)
+        wrong = sorted(_names(environ.get(variable)) - set(known))
+        if wrong:
+            import difflib
+
+            close = difflib.get_close_matches(wrong[0], known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return (
+                f"{variable} names no probe part {', '.join(wrong)}{hint}; "
+                f"the parts are {', '.join(known)}"
+            )
+    return None
+
+
 def _names(raw: str | None) -> frozenset[str]:
     return frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
