@@ -69,7 +69,8 @@ def main() -> None:
         probe._flush()
     t2 = time.thread_time()
     per_step = ((t2 - t1) - (t1 - t0)) / (rounds * n)
-    print(f"flush: {per_step * 1e6:.2f} µs of CPU per step; {sink.sent / (rounds * n):.0f} bytes per step")
+    size = sink.sent / (rounds * n)
+    print(f"flush: {per_step * 1e6:.2f} µs of CPU per step; {size:.0f} bytes per step")
 
 
 if __name__ == "__main__":
