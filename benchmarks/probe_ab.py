@@ -109,19 +109,9 @@ def job(args: argparse.Namespace) -> None:
     print("AB " + json.dumps(rounds), flush=True)
 
 
-def interval(values: list[float], level: float = 0.9, resamples: int = 2000) -> tuple[float, float]:
-    """A seeded bootstrap interval of the median of ``values``."""
-    import random
-
-    rng = random.Random(0)
-    medians = sorted(
-        statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples)
-    )
-    tail = (1.0 - level) / 2.0
-    return medians[int(tail * resamples)], medians[int((1.0 - tail) * resamples) - 1]
-
-
 def main() -> None:
+    from overhead import interval  # this script's directory is on sys.path
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--rounds", type=int, default=40)
