@@ -180,6 +180,11 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             "Reserve the cores: stop or move the other processes, pin them away from the "
             "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
         )
+    elif severity is Severity.INFO:
+        # Others use next to nothing and the job's own threads fit the cores: a
+        # wait this small is the machine's ordinary scheduling (the job's helper
+        # threads, trainmedic's own, the kernel's), with no one to blame for it.
+        return []
     else:
         key, category = "contention.cpu", Category.CONTENTION
         title = f"Other processes take CPU time the job needs: {lost}"
