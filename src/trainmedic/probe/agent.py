@@ -76,7 +76,7 @@ class ProbeAgent:
     forward: ForwardSeam | None
     detail: DetailSwitch | None
     step_stats: StepStats | None
-    outbox: deque[ProbeMessage | tuple[StepDraft, Any, Any]]
+    outbox: deque[ProbeMessage | StepDraft | tuple[StepDraft, Any, Any]]
     client: ChannelClient | None
     failed: bool
     sampler: StackSampler | None
@@ -295,6 +295,7 @@ class ProbeAgent:
 
         from trainmedic.channel.client import ChannelClient
         from trainmedic.channel.wire import encode_message
+        from trainmedic.probe.segments import StepDraft
         from trainmedic.probe.steplines import StepLines
 
         if self.client is None:
@@ -311,9 +312,13 @@ class ProbeAgent:
             except IndexError:
                 break
             try:
+                if type(message) is StepDraft:  # a step without CUDA: queued bare
+                    if steps.add(message, None, None):
+                        time.sleep(0)  # let a training thread waiting for the GIL have it
+                    continue
                 if isinstance(message, tuple):
                     if steps.add(*message):
-                        time.sleep(0)  # let a training thread waiting for the GIL have it
+                        time.sleep(0)
                     continue
                 steps.close()
                 chunks.append(encode_message(message))

@@ -50,6 +50,8 @@ import random
 import sys
 import threading
 
+from trainmedic.probe.steps import NO_FETCH_LIMIT
+
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,8 +64,13 @@ WARMUP_STEPS = 32
 """Steps timed in full at the start (and after each restart of the schedule)."""
 WINDOW_STEPS = 4
 """Steps in a row timed in full in each window."""
-GAP_STEPS = (40, 88)
-"""Range of steps without the compute hooks between two windows (uniform, inclusive)."""
+GAP_STEPS = (80, 176)
+"""Range of steps without the compute hooks between two windows (uniform, inclusive).
+
+Wide because switching costs: changing a class's ``__call__`` makes the
+interpreter re-learn the call sites of that class. With (40, 88) the windows
+and their switches were a fifth of the probe's machine instructions on a
+0.7 ms step (``probe_instructions.py --valgrind``, docs/performance.md)."""
 LONG_STEP_S = 0.02
 """Steps at least this long (seconds) keep the hooks: they cost them < 0.1 %."""
 EXTRA_FETCHES = 1
@@ -129,9 +136,9 @@ class DetailSwitch:
         """Some hooks were put back by another thread; the rest follow at the next step's end."""
         self._countdown = WARMUP_STEPS
         self._last_end = float("-inf")
-        self.fetch_limit = 1 << 30
+        self.fetch_limit = NO_FETCH_LIMIT
         """The loader hook turns the hooks on when a step fetches more batches than this
-        (only read while they are off)."""
+        while they are off (:attr:`StepTracker.fetch_limit` holds it then)."""
         self._lock = threading.Lock()
         self.windows = 0
         """Windows begun so far (tests, benchmarks)."""
@@ -146,8 +153,9 @@ class DetailSwitch:
         """A step's record was made (training thread, at the step's end).
 
         Runs at every step: the test whether the step could go without the hooks
-        is written inline (a call costs more than the test)."""
-        end = draft.t_end
+        is written inline (a call costs more than the test), and the draft is
+        unpacked (one instruction) rather than read attribute by attribute."""
+        _, phase, source, end, seg = draft
         last = self._last_end
         self._last_end = end
         if not self.enabled:
@@ -156,9 +164,9 @@ class DetailSwitch:
         if (
             self.partly_on
             or end - last >= LONG_STEP_S
-            or draft.source != "optimizer"
-            or draft.phase != "train"
-            or draft.loader_fetches == 0
+            or source != "optimizer"
+            or phase != "train"
+            or not seg.fetches
             or (forward is not None and forward.pending)
         ):
             if self.on:
@@ -179,7 +187,7 @@ class DetailSwitch:
             return
         if self.on:
             self._countdown = self.rng.randint(*GAP_STEPS)
-            self.fetch_limit = draft.loader_fetches + EXTRA_FETCHES
+            self.fetch_limit = seg.fetches + EXTRA_FETCHES
             self._switch(False)
         else:
             self._countdown = WINDOW_STEPS
@@ -203,7 +211,10 @@ class DetailSwitch:
                 self.windows += 1
             self.on = on
             self.partly_on = False
-            self.tracker.set_detail(on, boundary)
+            tracker = self.tracker
+            tracker.set_detail(on, boundary)
+            # Only while the hooks are off does the loader hook test the count.
+            tracker.fetch_limit = NO_FETCH_LIMIT if on else self.fetch_limit
 
     # --- the probe's thread ----------------------------------------------------------------
 

@@ -112,7 +112,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.torch: ModuleType | None = None
         self.restore: list[Callable[[], None]] = []
         # Messages, and finished steps as (draft, timing, alloc) to build records from.
-        self.outbox: deque[ProbeMessage | tuple[StepDraft, Any, Any]] = deque()
+        self.outbox: deque[ProbeMessage | StepDraft | tuple[StepDraft, Any, Any]] = deque()
         self.dropped = 0
         self.client: ChannelClient | None = None
         self.failed = False  # the channel broke: queue nothing more
@@ -339,7 +339,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         if self.cuda is not None:
             self.cuda.add(draft)
         elif not self.failed and len(self.outbox) < MAX_OUTBOX:
-            self.outbox.append((draft, None, None))
+            self.outbox.append(draft)  # no CUDA timing to pair with it: no tuple to make
             if not self.state.loader_used and self.sampler is None:
                 self.step_marked()
         elif not self.failed:

@@ -8,19 +8,26 @@ builds the record - so that a step's end costs the training thread little.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-class StepDraft:
+class StepDraft(NamedTuple):
     """A finished step as the host saw it; the probe turns it into a ``StepRecord``.
 
-    Made on the training thread at every step's end, so it keeps the step's raw
+    Made on the training thread at every step's end, so it is a tuple (made
+    in C, with no Python call: :func:`draft`) that keeps the step's raw
     accumulators and works its times out only when they are read (by the
     probe's thread, when it builds the record). Times are on the tracker's
     monotonic clock, in seconds.
 
     Attributes:
+        step: the step's number in its phase, from 1.
+        phase: ``train``, ``eval`` or the name given to ``trainmedic.phase``.
+        source: what ended it: ``optimizer``, ``backward`` or ``api``.
+        t_end: when it ended.
+        segment: its accumulators (never changed once the step ended).
         loader_wait_s: time blocked in DataLoader ``__next__``.
         loader_fetches: batches fetched from DataLoaders in the step.
         outside_s: host time in neither compute nor a loader wait.
@@ -32,15 +39,11 @@ class StepDraft:
         start_marker: what the listener returned when the step's first compute began.
     """
 
-    __slots__ = ("_seg", "_values", "phase", "source", "step", "t_end")
-
-    def __init__(self, step: int, phase: str, source: str, t_end: float, seg: Segment) -> None:
-        self.step = step
-        self.phase = phase
-        self.source = source
-        self.t_end = t_end
-        self._seg = seg
-        self._values: tuple[float, float, float, float, float | None] | None = None
+    step: int
+    phase: str
+    source: str
+    t_end: float
+    segment: Segment
 
     def __repr__(self) -> str:
         return (
@@ -50,11 +53,13 @@ class StepDraft:
         )
 
     def times(self) -> tuple[float, float, float, float, float | None]:
-        """(t_start, duration_s, outside_s, data_wait_s, compute_s), worked out once."""
-        values = self._values
+        """(t_start, duration_s, outside_s, data_wait_s, compute_s), worked out once.
+
+        Kept on the segment: a segment ends in one step only."""
+        seg = self.segment
+        values = seg.times
         if values is None:
             # Conditionals, not min()/max(): the probe's thread runs this for every step.
-            seg = self._seg
             t_end = self.t_end
             t_start = seg.t_start
             if t_start is None:
@@ -80,7 +85,7 @@ class StepDraft:
             if data_wait > duration:
                 data_wait = duration
             values = (t_start, duration, outside, data_wait, compute)
-            self._values = values
+            seg.times = values
         return values
 
     @property
@@ -105,15 +110,15 @@ class StepDraft:
 
     @property
     def loader_wait_s(self) -> float:
-        return self._seg.loader_wait
+        return self.segment.loader_wait
 
     @property
     def loader_fetches(self) -> int:
-        return self._seg.fetches
+        return self.segment.fetches
 
     @property
     def samples(self) -> int | None:
-        seg = self._seg
+        seg = self.segment
         if seg.fetches and seg.loader_samples is not None:
             return seg.loader_samples
         if seg.forward_samples is not None:
@@ -122,11 +127,18 @@ class StepDraft:
 
     @property
     def autocast(self) -> bool | None:
-        return self._seg.autocast
+        return self.segment.autocast
 
     @property
     def start_marker(self) -> object | None:
-        return self._seg.start_marker
+        return self.segment.start_marker
+
+
+draft = functools.partial(tuple.__new__, StepDraft)
+"""``draft((step, phase, source, t_end, segment))``: a :class:`StepDraft` made in C.
+
+The class's own constructor is a Python function, a call frame more at
+every step's end on the training thread."""
 
 
 @dataclass(slots=True)
@@ -145,7 +157,8 @@ class Segment:
     """Accumulators from one boundary to the next (or to a held backward end).
 
     One is made per step, on the training thread: the defaults are class
-    attributes, so making one stores a single attribute.
+    attributes and there is no ``__init__`` (a Python call), so making one is
+    ``Segment()`` and a store of ``t_start``.
     """
 
     t_start: float | None = None
@@ -165,15 +178,15 @@ class Segment:
     nograd_forwards: int = 0
     mark: Mark | None = None
     start_marker: object | None = None
-
-    def __init__(self, t_start: float | None = None) -> None:
-        if t_start is not None:
-            self.t_start = t_start
+    times: tuple[float, float, float, float, float | None] | None = None
+    """The draft's times, once worked out (:meth:`StepDraft.times`)."""
 
     @classmethod
     def of(cls, t_start: float | None = None, **values: Any) -> Segment:
         """A segment with the accumulators in ``values`` set (splits, tests)."""
-        seg = cls(t_start)
+        seg = cls()
+        if t_start is not None:
+            seg.t_start = t_start
         for name, value in values.items():
             setattr(seg, name, value)
         return seg

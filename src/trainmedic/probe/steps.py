@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 # StepDraft is the tracker's output: importable from here, as it always was.
-from trainmedic.probe.segments import Mark, Segment, merge
+from trainmedic.probe.segments import Mark, Segment, draft, merge
 from trainmedic.probe.segments import StepDraft as StepDraft
 
 TRAIN = "train"
@@ -76,6 +76,7 @@ _SAME_MOMENT_S = 0.001
 _FORWARD_ONLY = ["forward"]
 _BACKWARD_ONLY = ["backward"]
 _OPTIMIZER_ONLY = ["optimizer"]
+NO_FETCH_LIMIT = 1 << 62
 
 
 class StepListener(Protocol):
@@ -108,7 +109,6 @@ class StepTracker:
 
     __slots__ = (
         "_held",
-        "_in_loader_since",
         "_lead",
         "_nograd_history",
         "_others",
@@ -118,8 +118,10 @@ class StepTracker:
         "_seg",
         "detail",
         "emit",
+        "fetch_limit",
         "forwards",
         "listener",
+        "loader_since",
         "mode",
         "outside_since",
         "steps_by_phase",
@@ -143,7 +145,9 @@ class StepTracker:
         self._lead: object | None = None
         self._others: dict[object, int] = {}
         self._nograd_history: deque[int] = deque(maxlen=_EVAL_HISTORY)
-        self._in_loader_since: float | None = None
+        self.loader_since: float | None = None
+        """When the current DataLoader ``__next__`` began, or ``None`` outside one
+        (the loader hook stores it itself: a call costs more than the store)."""
         self.work = 0
         """Outermost forward, backward and optimizer calls and DataLoader batches so far:
         the heartbeat's sign that the job is working between steps (an evaluation)."""
@@ -158,6 +162,9 @@ class StepTracker:
         self.detail = True
         """Whether the compute hooks (forward, backward, optimizer start) are on
         (:mod:`trainmedic.probe.detail`); segments begun without them are partial."""
+        self.fetch_limit = NO_FETCH_LIMIT
+        """Batches fetched in one step beyond which :meth:`loader_exit` says the
+        compute hooks should come on (set by :mod:`trainmedic.probe.detail`)."""
 
     # --- what the heartbeat reports ----------------------------------------------------
 
@@ -176,7 +183,7 @@ class StepTracker:
     @property
     def activity(self) -> str:
         """``data``, ``forward``, ``backward``, ``optimizer`` or ``other``."""
-        if self._in_loader_since is not None:
+        if self.loader_since is not None:
             return "data"
         try:
             return self._regions[0]
@@ -194,7 +201,7 @@ class StepTracker:
         self._lead = None
         self._others = {}
         self._nograd_history.clear()
-        self._in_loader_since = None
+        self.loader_since = None
         self.outside_since = None
         self.wants_batch = True
 
@@ -208,7 +215,9 @@ class StepTracker:
         return bool(self.steps_by_phase)
 
     def _new_segment(self, t_start: float | None) -> None:
-        self._seg = seg = Segment(t_start)
+        self._seg = seg = Segment()
+        if t_start is not None:
+            seg.t_start = t_start
         if not self.detail:
             seg.partial = True
         self.wants_batch = True
@@ -338,20 +347,23 @@ class StepTracker:
     # --- data ----------------------------------------------------------------------------
 
     def loader_enter(self, now: float) -> None:
-        seg = self._seg
-        if seg.t_start is None:
-            seg.t_start = now
-        self._in_loader_since = now
+        """A DataLoader ``__next__`` begins (the loader hook sets :attr:`loader_since` itself)."""
+        self.loader_since = now
 
-    def loader_exit(self, now: float, samples: int | None, fetched: bool) -> None:
-        """A DataLoader ``__next__`` returned (``fetched``) or ended the epoch."""
-        start = self._in_loader_since
+    def loader_exit(self, now: float, samples: int | None, fetched: bool) -> bool:
+        """A DataLoader ``__next__`` returned (``fetched``) or ended the epoch.
+
+        Returns whether the step has now fetched more than :attr:`fetch_limit`
+        batches: the compute hooks should come on before the batch is used."""
+        start = self.loader_since
         if start is None:
-            return
-        self._in_loader_since = None
+            return False
+        self.loader_since = None
         wait = now - start  # a monotonic clock: never negative
         self.work += 1
         seg = self._seg
+        if seg.t_start is None:  # the wait began the step
+            seg.t_start = start
         if self.listener is not None and not self.detail and seg.start_marker is None:
             # No compute hook will take the CUDA marker: the batch's arrival starts the step.
             seg.start_marker = self.listener.segment_started()
@@ -360,10 +372,12 @@ class StepTracker:
             # Fetched inside a compute region (a closure): not compute time.
             seg.compute -= wait
         if fetched:
-            seg.fetches += 1
+            fetches = seg.fetches = seg.fetches + 1
             if samples is not None:
                 ls = seg.loader_samples
                 seg.loader_samples = samples if ls is None else ls + samples
+            return fetches > self.fetch_limit
+        return False
 
     @property
     def step_fetches(self) -> int:
@@ -373,7 +387,7 @@ class StepTracker:
     @property
     def loader_wait_started(self) -> float | None:
         """When the current loader wait began, or ``None`` when not waiting."""
-        return self._in_loader_since
+        return self.loader_since
 
     # --- boundaries ------------------------------------------------------------------------
 
@@ -393,19 +407,22 @@ class StepTracker:
     def optimizer_exit(self, now: float, optimizer: object) -> None:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
         regions = self._regions
-        if regions == _OPTIMIZER_ONLY:
-            regions.pop()
-            self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
-            self.outside_since = now
-        elif regions:
-            self.compute_exit(now, "optimizer")
-            if "optimizer" in regions:
-                return  # a nested optimizer step
+        if regions:
+            if regions == _OPTIMIZER_ONLY:
+                regions.pop()
+                self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
+                self.outside_since = now
+            else:
+                self.compute_exit(now, "optimizer")
+                if "optimizer" in regions:
+                    return  # a nested optimizer step
         # else: no region open - the pre-step hook is off (trainmedic.probe.detail)
-        if self.mode == "api":
-            self.wants_batch = self._seg.forward_samples is None
-            return
-        self.mode = "optimizer"
+        mode = self.mode
+        if mode != "optimizer":
+            if mode == "api":
+                self.wants_batch = self._seg.forward_samples is None
+                return
+            self.mode = "optimizer"
         lead = self._lead
         if optimizer != lead:
             if lead is None:
@@ -484,7 +501,8 @@ class StepTracker:
             self._held = []
         if seg.t_start is None:
             seg.t_start = now
-        self._seg = new = Segment(now)
+        self._seg = new = Segment()
+        new.t_start = now
         if not self.detail:
             new.partial = True
         self.wants_batch = True
@@ -504,7 +522,11 @@ class StepTracker:
             self._finish(eval_part, seg.t_start or now, "optimizer", EVAL)
         elif not seg.partial:  # a partial segment did not count its forward calls
             self._nograd_history.append(seg.nograd_forwards)
-        self._finish(seg, now, source, phase)
+        # _finish, inline: this runs at every step's end.
+        by_phase = self.steps_by_phase
+        number = by_phase.get(phase, 0) + 1
+        by_phase[phase] = number
+        self.emit(draft((number, phase, source, now, seg)))
 
     def _is_eval(self, seg: Segment) -> bool:
         if seg.mark is None or seg.nograd_forwards < EVAL_MIN_FORWARDS:
@@ -551,7 +573,7 @@ class StepTracker:
         by_phase = self.steps_by_phase
         number = by_phase.get(phase, 0) + 1
         by_phase[phase] = number
-        self.emit(StepDraft(number, phase, source, t_end, seg))
+        self.emit(draft((number, phase, source, t_end, seg)))
 
     # --- phases ------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from trainmedic.probe import forward
 from trainmedic.probe.detail import DetailHook
 from trainmedic.probe.hookutil import batch_size
+from trainmedic.probe.steps import NO_FETCH_LIMIT
 
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
@@ -77,6 +78,7 @@ def uninstall(probe: ProbeSeam) -> None:
         detail.enabled = False
         detail.hooks.clear()
         detail.tracker.set_detail(True, False)
+        detail.tracker.fetch_limit = NO_FETCH_LIMIT
     while probe.restore:
         probe.restore.pop()()
 
@@ -218,16 +220,9 @@ def _install_loader(
         try:
             if part.fault:
                 part.check()
-            now = clock()
-            tracker.loader_enter(now)
+            now = tracker.loader_since = clock()  # StepTracker.loader_enter, inline
             if not state.loader_used:
                 probe.loader_in_use()
-            detail = probe.detail
-            if detail is not None and not detail.on and tracker.step_fetches >= detail.fetch_limit:
-                try:
-                    detail.fetch_overflow()  # more batches than usual: an evaluation, perhaps
-                except Exception as exc:
-                    probe.detail_failed(exc)
         except Exception as exc:
             part.fail(exc)
             return original_next(self)
@@ -252,10 +247,19 @@ def _install_loader(
                 samples = shape[0] if shape else None
             else:
                 samples = batch_size(batch, tensor)
-            tracker.loader_exit(clock(), samples, True)
+            if tracker.loader_exit(clock(), samples, True):
+                overflow()  # more batches than usual: an evaluation, perhaps
         except Exception as exc:
             part.fail(exc)
         return batch
+
+    def overflow() -> None:
+        detail = probe.detail
+        if detail is not None:
+            try:
+                detail.fetch_overflow()
+            except Exception as exc:
+                probe.detail_failed(exc)
 
     @functools.wraps(original_iter)
     def __iter__(self: Any) -> Any:
