@@ -17,7 +17,7 @@ class StepDraft(NamedTuple):
     """A finished step as the host saw it; the probe turns it into a ``StepRecord``.
 
     Made on the training thread at every step's end, so it is a tuple (made
-    in C, with no Python call: :func:`draft`) that keeps the step's raw
+    in C, with no Python call: :data:`make_draft`) that keeps the step's raw
     accumulators and works its times out only when they are read (by the
     probe's thread, when it builds the record). Times are on the tracker's
     monotonic clock, in seconds.
@@ -134,8 +134,8 @@ class StepDraft(NamedTuple):
         return self.segment.start_marker
 
 
-draft = functools.partial(tuple.__new__, StepDraft)
-"""``draft((step, phase, source, t_end, segment))``: a :class:`StepDraft` made in C.
+make_draft = functools.partial(tuple.__new__, StepDraft)
+"""``make_draft((step, phase, source, t_end, segment))``: a :class:`StepDraft` made in C.
 
 The class's own constructor is a Python function, a call frame more at
 every step's end on the training thread."""

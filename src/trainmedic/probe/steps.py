@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 # StepDraft is the tracker's output: importable from here, as it always was.
-from trainmedic.probe.segments import Mark, Segment, draft, merge
+from trainmedic.probe.segments import Mark, Segment, make_draft, merge
 from trainmedic.probe.segments import StepDraft as StepDraft
 
 TRAIN = "train"
@@ -526,7 +526,7 @@ class StepTracker:
         by_phase = self.steps_by_phase
         number = by_phase.get(phase, 0) + 1
         by_phase[phase] = number
-        self.emit(draft((number, phase, source, now, seg)))
+        self.emit(make_draft((number, phase, source, now, seg)))
 
     def _is_eval(self, seg: Segment) -> bool:
         if seg.mark is None or seg.nograd_forwards < EVAL_MIN_FORWARDS:
@@ -573,7 +573,7 @@ class StepTracker:
         by_phase = self.steps_by_phase
         number = by_phase.get(phase, 0) + 1
         by_phase[phase] = number
-        self.emit(draft((number, phase, source, t_end, seg)))
+        self.emit(make_draft((number, phase, source, t_end, seg)))
 
     # --- phases ------------------------------------------------------------------------------
 
