@@ -67,8 +67,8 @@ WINDOW_STEPS = 4
 GAP_STEPS = (80, 176)
 """Range of steps without the compute hooks between two windows (uniform, inclusive).
 
-Wide because switching costs: changing a class's ``__call__`` makes the
-interpreter re-learn the call sites of that class. With (40, 88) the windows
+Wide because switching costs: changing a class's ``__call__`` discards what
+the interpreter had specialised for that class. With (40, 88) the windows
 and their switches were a fifth of the probe's machine instructions on a
 0.7 ms step (``probe_instructions.py --valgrind``, docs/performance.md)."""
 LONG_STEP_S = 0.02
