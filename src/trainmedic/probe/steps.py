@@ -380,11 +380,6 @@ class StepTracker:
         return False
 
     @property
-    def step_fetches(self) -> int:
-        """Batches fetched so far in the current segment."""
-        return self._seg.fetches
-
-    @property
     def loader_wait_started(self) -> float | None:
         """When the current loader wait began, or ``None`` when not waiting."""
         return self.loader_since
