@@ -85,26 +85,26 @@ class StepLines:
         if not rows:
             self._host = host
             self._base = t_end
+        gpu_time: float | None = None
+        if timing is not None:
+            gpu_time = timing.gpu_time_s
+            idle = timing.idle_before_s
+            if draft.loader_fetches == 0 and compute is not None and idle is not None:
+                # The GPU's idle gap before the step, not host time spent in a sync.
+                data_wait = min(outside, idle)
+        step = draft.step
+        t_ns = int((t_end - self._base) * 1e9)
+        duration_ns = int(duration * 1e9)
+        wait_ns = int(data_wait * 1e9)
+        compute_ns = None if compute is None else int(compute * 1e9)
         if host:
             rows.append([
-                draft.step, int((t_end - self._base) * 1e9), int(duration * 1e9),
-                int(data_wait * 1e9), None if compute is None else int(compute * 1e9),
+                step, t_ns, duration_ns, wait_ns, compute_ns,
                 draft.samples, draft.source, draft.phase, draft.autocast,
             ])  # fmt: skip
         else:
-            gpu_time: float | None = None
-            if timing is not None:
-                gpu_time = timing.gpu_time_s
-                if (
-                    draft.loader_fetches == 0
-                    and compute is not None
-                    and timing.idle_before_s is not None
-                ):
-                    # The GPU's idle gap before the step, not host time spent in a sync.
-                    data_wait = min(outside, timing.idle_before_s)
             rows.append([
-                draft.step, int((t_end - self._base) * 1e9), int(duration * 1e9),
-                int(data_wait * 1e9), None if compute is None else int(compute * 1e9),
+                step, t_ns, duration_ns, wait_ns, compute_ns,
                 None if gpu_time is None else int(gpu_time * 1e9), draft.samples, draft.source,
                 draft.phase,
                 *((None, None, None, None) if alloc is None else (
