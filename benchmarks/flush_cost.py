@@ -37,11 +37,11 @@ class Sink:
 
 def fill(probe: Probe, n: int, first: int) -> None:
     for i in range(first, first + n):
-        seg = Segment(100.0 + i * 0.0007)
+        seg = Segment.of(100.0 + i * 0.0007)
         seg.loader_wait, seg.fetches, seg.loader_samples = 0.0002, 1, 64
         seg.partial = True
         draft = StepDraft(i + 1, "train", "optimizer", 100.0007 + i * 0.0007, seg)
-        probe.outbox.append((draft, None, None))
+        probe.outbox.append(draft)  # as the runtime queues a step without CUDA
 
 
 def main() -> None:
