@@ -100,6 +100,33 @@ def test_data_stall_cause_from_stacks_during_it() -> None:
     assert f.id == "stall.io" and f.evidence["stall_data_wait_share_mean"] == pytest.approx(0.95)
 
 
+def test_data_stall_cause_from_the_sends_after_it_of_every_process() -> None:
+    # Three processes send their samples every 2 s, within 10 ms of each other; the
+    # stall ends between two sends, so its reads show only in each process's next send.
+    # The gaps between all records are mostly 10 ms: the period must be per process.
+    steps = with_stalls({150: 1.3}, wait=0.95)
+    t_end = steps[149].t
+    sends = [t_end - 1.5 + 2.0 * k for k in range(-4, 4)]
+    after = t_end + 0.5  # the first send after the stall
+    activity = [
+        make_activity(t=t + 0.01 * i, pid=pid, transform=3)
+        for t in sends
+        if t != after
+        for i, pid in enumerate((700, 701, 702))
+    ]
+    activity += [
+        make_activity(t=after, pid=700, file_read=4, idle=2),
+        make_activity(t=after + 0.01, pid=701, idle=6),
+        make_activity(t=after + 0.02, pid=702, ipc_wait=30),
+    ]
+    (f,) = run(make_record(steps, activity=activity))
+    assert f.id == "stall.io"
+    # The same reads sent before the stall began are not its evidence.
+    before = [replace(a, t=a.t - 2.0) if a.t in (after, after + 0.01, after + 0.02) else a
+              for a in activity]
+    assert run(make_record(steps, activity=before))[0].id == "stall.cpu"
+
+
 def test_data_stall_cause_from_host_readings_then_overall_stacks() -> None:
     steps = with_stalls({150: 4.0}, wait=0.95)
     t_end = steps[149].t

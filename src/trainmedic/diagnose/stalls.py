@@ -266,11 +266,7 @@ def _data_cause(
     cores: float | None,
 ) -> Category:
     """Cause of a data stall: stacks during it, host readings during it, the whole run."""
-    times = sorted(a.t for a in view.record.loader_activity)
-    periods = sorted(b - a for a, b in sample_intervals(times))
-    # An activity record sums the stack samples of the period before it.
-    slack = periods[len(periods) // 2] if periods else 0.0
-    local = _dominant(view.activity((window[0], window[1] + slack)), MIN_STALL_STACK_SAMPLES, th)
+    local = _dominant(view.activity(window), MIN_STALL_STACK_SAMPLES, th)
     if local is not None:
         return local
     if any(h.iowait_pct is not None and h.iowait_pct >= th.iowait_high_pct for h in host):

@@ -32,7 +32,13 @@ from trainmedic.record.stats import (
     summarize,
     weighted_quantile,
 )
-from trainmedic.record.types import HostSample, LoaderInfo, RunRecord, StepRecord
+from trainmedic.record.types import (
+    HostSample,
+    LoaderActivity,
+    LoaderInfo,
+    RunRecord,
+    StepRecord,
+)
 
 Interval = tuple[float, float]
 V = TypeVar("V")
@@ -160,15 +166,35 @@ class RunView:
     def activity(
         self, window: Interval | None = None, pids: frozenset[int] | None = None
     ) -> Counter[str]:
-        """Loader stack samples per state, over the run or records timed inside ``window``,
-        of every process or of ``pids``."""
+        """Loader stack samples per state, over the run or from the records whose samples
+        may have been taken inside ``window`` (seconds, Unix time), of every process or
+        of ``pids``."""
         total: Counter[str] = Counter()
-        for a in self.record.loader_activity:
+        for start, end, a in self._activity_periods:
             if pids is not None and a.pid not in pids:
                 continue
-            if window is None or window[0] <= a.t <= window[1]:
+            if window is None or (start < window[1] and end >= window[0]):
                 total.update({k: v for k, v in a.counts.items() if v > 0})
         return total
+
+    @cached_property
+    def _activity_periods(self) -> list[tuple[float, float, LoaderActivity]]:
+        """Each stack-sample record with the period its samples were taken in.
+
+        A record sums what its process sampled since that process's previous record
+        (every 2 s while there are samples), so a stall between two sends shows in the
+        send after it. The period is per process: several processes send at nearly the
+        same moments, and the gaps between all their records say nothing of the period.
+        """
+        by_pid: dict[int, list[LoaderActivity]] = {}
+        for a in self.record.loader_activity:
+            by_pid.setdefault(a.pid, []).append(a)
+        out: list[tuple[float, float, LoaderActivity]] = []
+        for records in by_pid.values():
+            records.sort(key=lambda a: a.t)
+            periods = sample_intervals([a.t for a in records])
+            out.extend((start, end, a) for a, (start, end) in zip(records, periods, strict=True))
+        return out
 
     @cached_property
     def roles(self) -> dict[int, str]:
