@@ -11,6 +11,8 @@ from trainmedic.probe.sampling import (
     FAST_S,
     FIRST_S,
     FIRST_SAMPLES,
+    KNOWN_SAMPLES,
+    KNOWN_SAMPLES_PER_S,
     SLOW_S,
     STALL_FLOOR_S,
     WAIT_SAMPLES_PER_S,
@@ -74,6 +76,24 @@ def test_a_loader_bound_process_is_sampled_often_enough_for_its_diagnosis() -> N
         assert FAST_S <= period < SLOW_S
         # Then about WAIT_SAMPLES_PER_S samples of the wait a second, whatever its share.
         assert share / period == pytest.approx(WAIT_SAMPLES_PER_S, rel=0.05)
+        while policy.taken < KNOWN_SAMPLES - 1:
+            assert policy.period("file_read") == period
+        # Once the wait's make-up is known, fewer: the period grows with the share
+        # (a sample a second when the wait is 25 %), up to the healthy job's.
+        later = policy.period("file_read")
+        assert later == pytest.approx(min(SLOW_S, max(period, share / KNOWN_SAMPLES_PER_S)))
+        assert later > period or later == SLOW_S
+
+
+def test_a_stall_is_sampled_often_even_where_the_usual_wait_is_watched() -> None:
+    clock = Clock()
+    since: list[float | None] = [None]
+    policy = MainPolicy(stats_of(0.01, 0.5), lambda: since[0], clock)
+    for _ in range(KNOWN_SAMPLES):
+        policy.period("file_read")
+    assert policy.period("file_read") == SLOW_S  # a 50 % wait, a sample every 0.5 s at most
+    since[0] = clock.t - STALL_FLOOR_S * 1.01
+    assert policy.period("file_read") == FAST_S
 
 
 def test_wake_ups_that_found_nothing_waiting_do_not_count_as_samples() -> None:

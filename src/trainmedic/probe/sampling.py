@@ -7,12 +7,14 @@ diagnosing, and rare (:data:`SLOW_S`) while steps are healthy:
   data wait is at least :data:`WATCH_SHARE` of step time (the diagnosis
   reports a data wait from 20 %) - every :data:`FIRST_S` for the first
   :data:`FIRST_SAMPLES` samples of the wait, then about
-  :data:`WAIT_SAMPLES_PER_S` samples of the wait a second -, before the first
-  steps are known (every :data:`FIRST_S` for the first :data:`FIRST_SAMPLES`
-  samples, as a run of a fraction of a second needs them), and every
-  :data:`FAST_S` while the current wait has lasted :data:`STALL_FACTOR` times
-  the usual step and at least :data:`STALL_FLOOR_S` (a stall in progress: the
-  diagnosis names a stall's cause from the stack samples taken during it);
+  :data:`WAIT_SAMPLES_PER_S` samples of the wait a second until
+  :data:`KNOWN_SAMPLES` are taken, then :data:`KNOWN_SAMPLES_PER_S` -, before
+  the first steps are known (every :data:`FIRST_S` for the first
+  :data:`FIRST_SAMPLES` samples, as a run of a fraction of a second needs
+  them), and every :data:`FAST_S` while the current wait has lasted
+  :data:`STALL_FACTOR` times the usual step and at least :data:`STALL_FLOOR_S`
+  (a stall in progress, whatever the usual wait: the diagnosis names a
+  stall's cause from the stack samples taken during it);
 * in a DataLoader worker (:class:`WorkerPolicy`), which cannot see the
   training process's steps: frequent while the worker has been busy (not
   waiting for work) at least :data:`WORKER_BUSY_SHARE` of the recent samples
@@ -55,6 +57,16 @@ takes the interpreter lock from a training loop that runs Python, so they
 cost a fast-stepping job nearly what they cost the probe's thread: at a
 25 % wait, 64 samples take about 250 wake-ups (200 took 800, a visible
 share of a few seconds of 0.7 ms steps)."""
+KNOWN_SAMPLES = 320
+"""Samples of waiting threads after which the wait's make-up is known well (each
+state's share within a few percent): the rate drops to :data:`KNOWN_SAMPLES_PER_S`.
+At :data:`WAIT_SAMPLES_PER_S` that is about a minute of a loader-bound job."""
+KNOWN_SAMPLES_PER_S = 1.0
+"""Samples of waiting threads aimed for per second once :data:`KNOWN_SAMPLES` are
+taken: enough to follow a change of the wait's make-up over minutes. On the 0.7 ms
+MLP (a 24 % wait) the sampler then wakes 4 times a second instead of 20, and a
+wake-up costs its thread far more than the sample's bytecodes suggest (about
+180 µs of CPU, docs/performance.md)."""
 FIRST_S = 0.005
 """Seconds between two wake-ups while the first samples are taken. Short, because
 a wake-up lands where the training thread lets go of the interpreter lock, and
@@ -135,16 +147,18 @@ class MainPolicy:
             # that short still needs its first samples, as often as once they are.
             return FIRST_S if self.taken < FIRST_SAMPLES else FAST_S
         share = stats.wait_share
+        period = SLOW_S
         if share >= WATCH_SHARE:
             if self.taken < FIRST_SAMPLES:
                 return FIRST_S
-            return min(SLOW_S, max(FAST_S, share / WAIT_SAMPLES_PER_S))
+            rate = WAIT_SAMPLES_PER_S if self.taken < KNOWN_SAMPLES else KNOWN_SAMPLES_PER_S
+            period = min(SLOW_S, max(FAST_S, share / rate))
         since = self._waiting_since()
         if since is not None:
             waited = self._clock() - since
             if waited >= max(STALL_FLOOR_S, STALL_FACTOR * stats.step_s):
                 return FAST_S
-        return SLOW_S
+        return period
 
 
 class WorkerPolicy:
