@@ -122,8 +122,8 @@ def test_data_stall_cause_from_the_sends_after_it_of_every_process() -> None:
     (f,) = run(make_record(steps, activity=activity))
     assert f.id == "stall.io"
     # The same reads sent before the stall began are not its evidence.
-    before = [replace(a, t=a.t - 2.0) if a.t in (after, after + 0.01, after + 0.02) else a
-              for a in activity]
+    moved = (after, after + 0.01, after + 0.02)
+    before = [replace(a, t=a.t - 2.0) if a.t in moved else a for a in activity]
     assert run(make_record(steps, activity=before))[0].id == "stall.cpu"
 
 

@@ -91,7 +91,7 @@ def test_a_stall_is_sampled_often_even_where_the_usual_wait_is_watched() -> None
     policy = MainPolicy(stats_of(0.01, 0.5), lambda: since[0], clock)
     for _ in range(KNOWN_SAMPLES):
         policy.period("file_read")
-    assert policy.period("file_read") == SLOW_S  # a 50 % wait, a sample every 0.5 s at most
+    assert policy.period("file_read") == SLOW_S  # a 50 % wait: woken as a healthy job is
     since[0] = clock.t - STALL_FLOOR_S * 1.01
     assert policy.period("file_read") == FAST_S
 
