@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from trainmedic.findings.model import Category, Severity
@@ -70,6 +71,16 @@ def test_attempts_come_back_in_order_and_bad_ones_are_skipped() -> None:
 
 def test_a_run_that_succeeded_at_once_has_no_incident() -> None:
     assert incident_findings([make_attempt(1, "success")], 100.0, 150.0) == []
+
+
+def test_a_job_that_failed_once_and_was_not_restarted_has_no_restart_summary() -> None:
+    last = make_attempt(1, restarted=False, action="hang is not restarted (--max-restarts 0)")
+    (finding,) = incident_findings([last], 100.0, 150.0)
+    assert finding.id == "failure.hang"
+    assert finding.evidence["action"] == "hang is not restarted (--max-restarts 0)"
+    # Restarted, then given up: the summary says so.
+    gave_up = [make_attempt(1), replace(last, number=2)]
+    assert [f.id for f in incident_findings(gave_up, 100.0, 250.0)][-1] == "restart.summary"
 
 
 def test_each_failed_attempt_is_a_finding_with_its_action_and_the_run_a_summary() -> None:

@@ -8,8 +8,9 @@ record (docs/run-record.md, "Attempts"); its ``data`` is
 * :func:`attempts_from_events` — the attempts, in order;
 * :func:`goodput_of` — :class:`~trainmedic.resilience.goodput.Goodput` of the run;
 * :func:`incident_findings` — one finding per failed attempt (its class's
-  category, evidence, the action taken) and one for the run's restarts and
-  goodput. A run that succeeded at the first attempt gets none.
+  category, evidence, the action taken) and, once the job was restarted, one
+  for the run's restarts and goodput. A run that succeeded at the first
+  attempt gets none.
 """
 
 from __future__ import annotations
@@ -181,7 +182,11 @@ def incident_findings(
     if not failed:
         return []
     findings = [_attempt_finding(a) for a in failed]
-    findings.append(_summary_finding(attempts, goodput_of(attempts, run_started_at, run_ended_at)))
+    if len(attempts) > 1:
+        # One attempt that failed was never restarted: its own finding says why
+        # (the policy's action), and "stopped restarting" would only repeat it.
+        goodput = goodput_of(attempts, run_started_at, run_ended_at)
+        findings.append(_summary_finding(attempts, goodput))
     return findings
 
 
