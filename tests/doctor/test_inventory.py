@@ -6,6 +6,7 @@ from support.facts import finding_keys, make_driver, make_facts, make_gpu_sample
 from trainmedic.doctor.checks.inventory import (
     CHECKS,
     check_driver_presence,
+    check_fabric,
     check_gpu_inventory,
     check_mixed_models,
     check_persistence_mode,
@@ -93,3 +94,25 @@ def test_persistence_mode_off_is_one_info_finding_listing_gpus() -> None:
     assert finding_keys(findings) == {("driver.persistence_mode_off", "info", "host")}
     assert findings[0].evidence["gpus"] == ["gpu0", "gpu2"]
     assert "nvidia-persistenced" in findings[0].fix
+
+
+def test_fabric_registration_by_state() -> None:
+    facts = make_facts(
+        gpus=[
+            make_gpu_sample(fabric="completed"),
+            make_gpu_sample(fabric=None),  # no NVSwitch: nothing to register
+            make_gpu_sample(fabric="in_progress"),
+            make_gpu_sample(fabric="failed: Unknown Error (Unknown)"),
+            make_gpu_sample(fabric="not_started"),
+        ]
+    )
+    findings = {f.id: f for f in check_fabric(facts)}
+    assert {(i, str(f.severity)) for i, f in findings.items()} == {
+        ("driver.fabric_registration_pending", "warning"),
+        ("driver.fabric_registration_failed", "error"),
+        ("driver.fabric_manager_not_running", "error"),
+    }
+    assert findings["driver.fabric_registration_failed"].evidence["gpus"] == ["gpu3"]
+    assert findings["driver.fabric_manager_not_running"].evidence["gpus"] == ["gpu4"]
+    assert findings["driver.fabric_registration_pending"].fix.startswith("Wait a minute")
+    assert check_fabric(make_facts(gpus=[make_gpu_sample(fabric="completed")])) == []

@@ -16,7 +16,17 @@ a JSON-able state. The states reproduce what real hardware and drivers do:
   instance answers for itself;
 * ``"xids": [{"after_s": 0.5, "code": 79}]``: Xid critical-error events the
   NVML event set delivers (``nvmlEventSetWait_v2``) once that much time has
-  passed since ``nvmlInit``.
+  passed since ``nvmlInit``;
+* ``"fail_next": {"nvmlDeviceGetMemoryInfo": ["Unknown"]}``: the next calls of
+  a query fail with these errors, one call each (``None``: that call
+  answers), then it answers again (a transient driver hiccup);
+* ``"pcie_counters": [tx_bytes, rx_bytes, timestamp_us]``: the PCIe byte
+  counters the field-value query answers (absent: the driver answers
+  "not supported" for those fields, as before R5xx);
+* ``"fabric": [state, status]``: the NVLink fabric registration
+  (``NVML_GPU_FABRIC_STATE_*`` and an ``nvmlReturn_t``); absent: not supported;
+* ``driver.removed``: functions the bindings no longer have (CUDA 14 drops
+  the "throttle" spellings).
 
 ``build(state)`` returns a module to put in ``sys.modules["pynvml"]``; the
 ``shim/pynvml.py`` next to this file does the same in a subprocess from the
@@ -131,6 +141,11 @@ def build(state: dict[str, Any]) -> types.ModuleType:
         kind = dev.get("errors", {}).get(name)
         if kind:
             raise fail(kind)
+        queued = dev.get("fail_next", {}).get(name)
+        if queued:
+            kind = queued.pop(0)  # None: this call answers
+            if kind:
+                raise fail(kind)
         return dev
 
     def mig_on(dev: dict[str, Any]) -> bool:
@@ -162,6 +177,9 @@ def build(state: dict[str, Any]) -> types.ModuleType:
         dev = devices[index]
         if dev.get("lost") and dev.get("lost_at_handle"):
             raise fail(dev["lost"])
+        refused = dev.get("errors", {}).get("nvmlDeviceGetHandleByIndex")
+        if refused:
+            raise fail(refused)
         return Handle(dev, index)
 
     def simple(name: str, key: str, convert: Any = None) -> Any:
@@ -264,6 +282,45 @@ def build(state: dict[str, Any]) -> types.ModuleType:
     def nvmlDeviceGetPcieThroughput(h: Handle, counter: int) -> int:
         dev = device_call("nvmlDeviceGetPcieThroughput", h)
         return int(dev["pcie_throughput"][counter == real.NVML_PCIE_UTIL_RX_BYTES])
+
+    def nvmlDeviceGetFieldValues(h: Handle, field_ids: list[int]) -> list[Any]:
+        dev = device_call("nvmlDeviceGetFieldValues", h)
+        counters = dev.get("pcie_counters")
+        out = []
+        for field_id in field_ids:
+            if counters is None or field_id not in (
+                real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+            ):
+                # The call succeeds; each field it cannot read says so itself.
+                out.append(_Value(fieldId=field_id, nvmlReturn=real.NVML_ERROR_NOT_SUPPORTED))
+                continue
+            rx = field_id == real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+            out.append(
+                _Value(
+                    fieldId=field_id,
+                    nvmlReturn=real.NVML_SUCCESS,
+                    timestamp=counters[2],
+                    value=_Value(ullVal=counters[1] if rx else counters[0]),
+                )
+            )
+        return out
+
+    def fabric_info(name: str) -> Any:
+        def fn(h: Handle, info_ref: Any) -> int:
+            dev = device_call(name, h)
+            if dev.get("fabric") is None:
+                raise fail("NotSupported")
+            info = info_ref._obj  # NVML fills the structure behind the pointer
+            info.state, info.status = dev["fabric"]
+            return real.NVML_SUCCESS
+
+        return fn
+
+    mod.nvmlDeviceGetGpuFabricInfoV = fabric_info("nvmlDeviceGetGpuFabricInfoV")  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetGpuFabricInfo = fabric_info("nvmlDeviceGetGpuFabricInfo")  # type: ignore[attr-defined]
+    for struct in ("c_nvmlGpuFabricInfoV_t", "c_nvmlGpuFabricInfo_t"):
+        setattr(mod, struct, getattr(real, struct))
 
     def process_list(h: Handle, garbled: bool) -> list[Proc]:
         dev = h.device
@@ -380,6 +437,8 @@ def build(state: dict[str, Any]) -> types.ModuleType:
     for name, fn in list(locals().items()):
         if name.startswith("nvml") and callable(fn):
             setattr(mod, name, fn)
+    for name in driver.get("removed", []):
+        delattr(mod, name)
     return mod
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+import threading
+import types
 
 import pytest
-from standin_nvml import GIB, NOT_AVAILABLE, build, h100, state
+from standin_nvml import GIB, MIB, NOT_AVAILABLE, build, h100, state
 
 from trainmedic.gpu.backend import NoGpuBackend, sample_all
-from trainmedic.gpu.nvml import NvmlBackend, open_nvml
+from trainmedic.gpu.nvml import PCIE_THROUGHPUT_PERIOD_S, NvmlBackend, open_nvml
 from trainmedic.gpu.types import (
     ClockEventReason,
     DriverInfo,
@@ -231,9 +233,202 @@ def test_a_gpu_lost_mid_reading_stops_asking_it() -> None:
     nvml = build(state(h100(lost="GpuIsLost")))
     s = NvmlBackend(nvml).sample(0)
     assert s.unreachable is not None
-    # Each query of a lost GPU can block in the driver: the first answer ends the reading.
+    # Each query of a lost GPU can block in the driver: the core query's second
+    # answer ends the reading.
     device_calls = [c for c in nvml.calls if c.startswith("nvmlDevice")]
-    assert device_calls == ["nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName"]
+    assert device_calls == [
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetPciInfo",
+    ]
+
+
+# --- answers that are not a lost GPU ---------------------------------------------------------
+
+OPTIONAL_QUERIES = (
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+
+
+@pytest.mark.parametrize("error", ["Unknown", "NoPermission", "GpuIsLost"])
+def test_optional_queries_refused_leave_the_gpu_reachable_and_say_which(error: str) -> None:
+    nvml = build(state(h100(errors={q: error for q in OPTIONAL_QUERIES})))
+    backend = NvmlBackend(nvml)
+    first, second = backend.sample(0), backend.sample(0)
+    for s in (first, second):
+        assert s.unreachable is None
+        assert s.memory_total_bytes == 80 * GIB and s.temperature_c == 71.0
+        assert s.ecc == EccCounts() and s.retired_pages_pending is None
+        assert s.unavailable is not None
+        assert f"ECC counts ({error})" in s.unavailable
+        assert f"retired pages ({error})" in s.unavailable
+        assert s.processes_unreadable is not None and error in s.processes_unreadable
+    assert f"PCIe throughput ({error})" in (first.unavailable or "")
+    # The handle is kept: a healthy GPU is not looked up again.
+    assert nvml.calls.count("nvmlDeviceGetHandleByIndex") == 1
+
+
+def test_not_supported_is_not_named_as_unavailable() -> None:
+    s = backend_for(h100(errors={"nvmlDeviceGetTotalEccErrors": "NotSupported"})).sample(0)
+    assert s.ecc == EccCounts() and s.unavailable is None
+
+
+def test_a_core_query_failing_once_is_a_hiccup_not_a_lost_gpu() -> None:
+    gpu = h100(
+        fail_next={"nvmlDeviceGetMemoryInfo": ["Unknown"], "nvmlDeviceGetPciInfo": ["GpuIsLost"]}
+    )
+    s = backend_for(gpu).sample(0)
+    assert s.unreachable is None
+    assert s.memory_total_bytes == 80 * GIB and s.pci_bus_id == "0000:3b:00.0"
+
+
+@pytest.mark.parametrize("error", ["Unknown", "GpuIsLost", "ResetRequired"])
+def test_a_core_query_failing_twice_is_a_lost_gpu(error: str) -> None:
+    gpu = h100(fail_next={"nvmlDeviceGetMemoryInfo": [error, error]})
+    s = backend_for(gpu).sample(0)
+    assert s.unreachable is not None and error in s.unreachable
+    assert s.memory_total_bytes is None
+
+
+def test_an_optional_lost_answer_is_confirmed_by_a_core_query() -> None:
+    # ECC answers GpuIsLost; memory answers at the start, then not on the re-check.
+    gpu = h100(
+        errors={"nvmlDeviceGetTotalEccErrors": "GpuIsLost"},
+        fail_next={"nvmlDeviceGetMemoryInfo": [None, "GpuIsLost", "GpuIsLost"]},
+    )
+    nvml = build(state(gpu))
+    s = NvmlBackend(nvml).sample(0)
+    assert s.unreachable is not None and "GpuIsLost" in s.unreachable
+    assert nvml.calls.count("nvmlDeviceGetMemoryInfo") == 3
+
+
+def test_a_handle_refused_without_permission_is_not_a_lost_gpu() -> None:
+    nvml = build(state(h100(errors={"nvmlDeviceGetHandleByIndex": "NoPermission"})))
+    s = NvmlBackend(nvml).sample(0)
+    assert s.unreachable is None
+    assert s.unavailable is not None and "NoPermission" in s.unavailable
+    assert s.name == "GPU 0" and s.uuid is None and s.memory_total_bytes is None
+
+
+def test_removed_throttle_spelling_is_no_attribute_error() -> None:
+    gpu = h100(errors={"nvmlDeviceGetCurrentClocksEventReasons": "FunctionNotFound"})
+    nvml = build(state(gpu, removed=["nvmlDeviceGetCurrentClocksThrottleReasons"]))
+    assert not hasattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    s = NvmlBackend(nvml).sample(0)
+    assert s.clock_event_reasons is None and s.unreachable is None
+    assert s.memory_total_bytes == 80 * GIB
+
+
+# --- PCIe traffic ----------------------------------------------------------------------------
+
+
+def test_pcie_traffic_comes_from_the_byte_counters_between_readings() -> None:
+    nvml = build(state(h100(pcie_counters=[10 * MIB, 40 * MIB, 1_000_000])))
+    backend = NvmlBackend(nvml)
+    first = backend.sample(0)
+    assert (first.pcie.tx_kib_per_s, first.pcie.rx_kib_per_s) == (None, None)  # no rate yet
+    # 2 MiB sent and 8 MiB received in the half second the counters say passed.
+    nvml.state["devices"][0]["pcie_counters"] = [12 * MIB, 48 * MIB, 1_500_000]
+    second = backend.sample(0)
+    assert (second.pcie.tx_kib_per_s, second.pcie.rx_kib_per_s) == (4096, 16384)
+    # Counters that went back (a GPU reset) give no rate, not a negative one.
+    nvml.state["devices"][0]["pcie_counters"] = [1 * MIB, 1 * MIB, 2_000_000]
+    assert backend.sample(0).pcie.tx_kib_per_s is None
+    # The 20 ms throughput window is never waited for.
+    assert "nvmlDeviceGetPcieThroughput" not in nvml.calls
+    assert second.pcie.gen_current == 5 and second.pcie.width_max == 16
+
+
+def test_pcie_throughput_without_counters_is_asked_at_most_every_period() -> None:
+    now = [100.0]
+    nvml = build(state(h100()))  # no byte counters: the fields answer "not supported"
+    backend = NvmlBackend(nvml, monotonic=lambda: now[0])
+    assert backend.sample(0).pcie.tx_kib_per_s == 1200
+    now[0] += PCIE_THROUGHPUT_PERIOD_S / 2
+    assert backend.sample(0).pcie.tx_kib_per_s is None
+    assert nvml.calls.count("nvmlDeviceGetPcieThroughput") == 2  # one reading's tx and rx
+    now[0] += PCIE_THROUGHPUT_PERIOD_S
+    assert backend.sample(0).pcie.rx_kib_per_s == 3400
+    assert nvml.calls.count("nvmlDeviceGetPcieThroughput") == 4
+    # The counters are not asked again once the driver said it lacks them.
+    assert nvml.calls.count("nvmlDeviceGetFieldValues") == 1
+
+
+# --- NVLink fabric -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fabric", "expected"),
+    [
+        (None, None),
+        ([0, 0], None),  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no NVSwitch
+        ([1, 0], "not_started"),
+        ([2, 0], "in_progress"),
+        ([3, 0], "completed"),
+        ([3, 999], "failed: Unknown Error (Unknown)"),
+    ],
+)
+def test_fabric_registration_state(fabric: list[int] | None, expected: str | None) -> None:
+    s = backend_for(h100(fabric=fabric)).sample(0)
+    assert s.fabric == expected
+    assert s.unavailable is None and s.unreachable is None
+
+
+# --- shutdown ----------------------------------------------------------------------------------
+
+
+def _blocking_memory_query(nvml: types.ModuleType) -> tuple[threading.Event, threading.Event]:
+    """Make the memory query block until released; returns (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+    answer = nvml.nvmlDeviceGetMemoryInfo
+
+    def blocking(h: object) -> object:
+        entered.set()
+        release.wait(30)
+        return answer(h)
+
+    nvml.nvmlDeviceGetMemoryInfo = blocking  # type: ignore[attr-defined]
+    return entered, release
+
+
+def test_close_leaves_nvml_running_while_a_reading_is_inside_it() -> None:
+    nvml = build(state(h100()))
+    backend = NvmlBackend(nvml, close_wait_s=0.01)
+    entered, release = _blocking_memory_query(nvml)
+    reader = threading.Thread(target=backend.sample, args=(0,))
+    reader.start()
+    assert entered.wait(30)
+    backend.close()
+    assert "nvmlShutdown" not in nvml.calls  # shutting down would free the call's memory
+    release.set()
+    reader.join(30)
+    with pytest.raises(RuntimeError, match="shut down"):
+        backend.sample(0)  # nothing reads after close
+    assert backend.device_count() == 0
+
+
+def test_close_waits_for_the_reading_in_flight_then_shuts_down() -> None:
+    nvml = build(state(h100()))
+    backend = NvmlBackend(nvml, close_wait_s=30)
+    entered, release = _blocking_memory_query(nvml)
+    results: list[object] = []
+    reader = threading.Thread(target=lambda: results.append(backend.sample(0)))
+    reader.start()
+    assert entered.wait(30)
+    closer = threading.Thread(target=backend.close)
+    closer.start()
+    release.set()
+    closer.join(30)
+    reader.join(30)
+    assert nvml.calls.count("nvmlShutdown") == 1
+    # The reading ended before the shutdown began.
+    assert nvml.calls.index("nvmlShutdown") > max(
+        i for i, c in enumerate(nvml.calls) if c.startswith("nvmlDevice")
+    )
+    assert len(results) == 1
 
 
 # --- MIG --------------------------------------------------------------------------------------

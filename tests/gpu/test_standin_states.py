@@ -38,13 +38,31 @@ STATES: dict[str, dict[str, Any]] = {
     "ResetRequired": state(h100(), h100(lost="ResetRequired")),
     "Unknown": state(h100(), h100(lost="Unknown")),
     "nothing supported": state(
-        h100(errors={n: "NotSupported" for n in dir(build(state())) if n.startswith("nvmlDeviceGet")
-                     and n != "nvmlDeviceGetHandleByIndex"})
+        h100(
+            errors={
+                n: "NotSupported"
+                for n in dir(build(state()))
+                if n.startswith("nvmlDeviceGet") and n != "nvmlDeviceGetHandleByIndex"
+            }
+        )
     ),
     "no permission for processes": state(
         h100(errors={"nvmlDeviceGetComputeRunningProcesses": "NoPermission"})
     ),
     "MIG mode": state(h100(mig=MIG)),
+    # What containers commonly answer: optional queries Unknown, the GPU fine.
+    "container: optional queries Unknown": state(
+        h100(
+            errors={
+                "nvmlDeviceGetTotalEccErrors": "Unknown",
+                "nvmlDeviceGetRetiredPagesPendingStatus": "Unknown",
+                "nvmlDeviceGetPcieThroughput": "Unknown",
+                "nvmlDeviceGetRemappedRows": "NoPermission",
+            }
+        )
+    ),
+    "handle refused": state(h100(), h100(errors={"nvmlDeviceGetHandleByIndex": "NoPermission"})),
+    "fabric manager down": state(h100(fabric=[1, 0]), h100(fabric=[1, 0])),
 }
 
 
@@ -127,9 +145,23 @@ def test_run_survives_lost_mig_and_mismatched_gpus(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = [sys.executable, "-c", "import time; time.sleep(3.5)"]
     done = subprocess.run(
-        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
-         "--", *job],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "trainmedic",
+            "run",
+            "--quiet",
+            "--no-html",
+            "--out",
+            str(run_dir),
+            "--",
+            *job,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
@@ -142,8 +174,33 @@ def test_run_survives_lost_mig_and_mismatched_gpus(tmp_path: Path) -> None:
     by_gpu = {i: [g for g in gpu_lines if g["i"] == i] for i in (0, 1, 2)}
     assert all(len(lines) >= 3 for lines in by_gpu.values())  # kept sampling every GPU
     assert any("un" in g for g in by_gpu[1])  # GPU 1 became unreachable
-    findings = {f"{f['id']}@{f.get('subject')}": f for f in
-                json.loads((run_dir / "findings.json").read_text())["findings"]}
+    findings = {
+        f"{f['id']}@{f.get('subject')}": f
+        for f in json.loads((run_dir / "findings.json").read_text())["findings"]
+    }
     assert findings["hardware.gpu_unreachable@gpu1"]["severity"] in ("error", "warning")
     assert findings["hardware.gpu_unreachable@gpu1"]["evidence"]["uuid"] == "GPU-1111"
     assert findings["hardware.xid.79@gpu1"]["severity"] == "error"
+
+
+@pytest.mark.parametrize("name", ["container: optional queries Unknown", "handle refused"])
+def test_doctor_does_not_call_a_gpu_with_refused_readings_lost(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    found = ids(doctor(monkeypatch, capsys, name))
+    assert not [k for k in found if k.startswith("hardware.gpu_unreachable")]
+    refused = found["inventory.gpu@gpu0" if name.startswith("container") else "inventory.gpu@gpu1"]
+    assert refused["evidence"]["unavailable_readings"]
+    if name.startswith("container"):
+        assert "ECC counts (Unknown)" in refused["evidence"]["unavailable_readings"]
+        assert refused["evidence"]["memory_total_gib"] == 80.0
+
+
+def test_doctor_names_fabric_manager_down(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = ids(doctor(monkeypatch, capsys, "fabric manager down"))
+    down = found["driver.fabric_manager_not_running@host"]
+    assert (down["category"], down["severity"]) == ("driver", "error")
+    assert down["evidence"]["gpus"] == ["gpu0", "gpu1"]
+    assert "nvidia-fabricmanager" in down["fix"] and "802" in down["title"]

@@ -1,31 +1,53 @@
 """GPU readings from NVML through nvidia-ml-py, the official bindings.
 
 The one module that imports ``pynvml`` (the module nvidia-ml-py installs).
-Every query goes through :meth:`NvmlBackend._query`, which turns "not
-supported", "no permission" and similar answers into ``None`` so a reading a
-GPU lacks is data, not an error. How real drivers answer, and what follows:
+How real drivers answer, and what follows:
 
-* ``GpuIsLost``, ``ResetRequired`` or ``Unknown`` from any query of a GPU: the
-  GPU cannot be reached (fallen off the bus, needs a reset). The reading says
+* **Optional readings** (utilization, ECC, PCIe, clocks, processes, ...) go
+  through :meth:`NvmlBackend._query`: any NVML error gives ``None``. "Not
+  supported" is just that; any other answer (``Unknown`` - common inside
+  containers - ``NoPermission``, even ``GpuIsLost``) is also named in the
+  reading's ``unavailable``. One optional query never decides that a GPU is
+  lost.
+* **A lost GPU** is one whose *core* queries (PCI info, memory info), or
+  whose handle, answer ``GpuIsLost``, ``ResetRequired`` or ``Unknown`` twice
+  in a row (:meth:`NvmlBackend._core`); an optional query that answers so
+  makes the reading ask a core query once more at its end. The reading says
   so in ``unreachable``, keeps only identities read earlier (never made-up
   ones: a UUID may end up in ``CUDA_VISIBLE_DEVICES``), and the cached handle
-  is dropped so a recovered GPU is found again.
+  is dropped so a recovered GPU is found again. A handle refused for another
+  reason (``NoPermission``: a GPU this container may not use) is a reading
+  with nothing in it and the refusal in ``unavailable``, not a lost GPU.
 * ``NVMLLibraryMismatchError`` (a plain ``Exception``, not an ``NVMLError``)
   from the v3 process query on drivers without it (R495 and older): the v2
   query is used from then on. So is it when the v3 query answers with
   impossible pids (the 535.98 driver's v3 structure mismatch).
+* Functions the bindings or the driver lack (the "throttle" spelling of the
+  clock reasons goes away with CUDA 14) are looked up with ``getattr`` and
+  read as "not supported".
+* **PCIe traffic** comes from the byte counters
+  (``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``/``RX_BYTES``, one field-value call):
+  the rate over the time between two readings. Where the driver lacks them,
+  ``nvmlDeviceGetPcieThroughput`` is asked at most every
+  :data:`PCIE_THROUGHPUT_PERIOD_S`: each call blocks ~20 ms in the driver.
 * MIG mode (``nvmlDeviceGetMigMode``): utilization and row remapping are not
   supported, and the whole GPU's process list needs privileges; the MIG
   instances are read one by one and their processes joined. When no list can
   be read, ``processes_unreadable`` says why: *unknown*, never *none*.
+* **Shutdown** waits for the calls in flight (a sampler thread whose join
+  timed out may still be inside NVML): ``nvmlShutdown`` under a running call
+  frees what that call uses. When they do not end in time, NVML is left to
+  the process's exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from trainmedic.gpu.backend import GpuBackend, NoGpuBackend, XidNotice, XidWatch
@@ -72,28 +94,103 @@ def _describe_init_error(pynvml: Any, exc: Exception) -> str:
 
 
 class _GpuLost(Exception):
-    """A query said the GPU cannot be reached; carries NVML's words."""
+    """The GPU cannot be reached (core queries failed twice); carries NVML's words."""
 
 
-#: NVML errors meaning the GPU itself is gone or wedged, not a missing feature.
+class _Refused(Exception):
+    """The driver gave no handle for a GPU it lists, for another reason than a lost GPU."""
+
+
+#: NVML errors that may mean the GPU itself is gone or wedged, not a missing
+#: feature; only the core queries' answers decide (``Unknown`` alone is also
+#: the common answer of optional queries inside containers).
 _LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_Unknown")
+#: Answers that mean "this GPU or driver lacks the reading": not worth a note.
+_ABSENT_ERRORS = ("NVMLError_NotSupported", "NVMLError_NotFound", "NVMLError_FunctionNotFound")
 #: Linux pids never exceed 2**22 (pid_max's ceiling): a larger one is a garbled structure.
 _PID_MAX = 1 << 22
+PCIE_THROUGHPUT_PERIOD_S = 10.0
+"""Seconds between PCIe throughput queries of one GPU where the byte counters are
+missing: each call blocks ~20 ms in the driver, twice a reading."""
+CLOSE_WAIT_S = 2.0
+"""Seconds :meth:`NvmlBackend.close` waits for calls in flight before it leaves
+NVML running rather than shut it down under them."""
+_NVML_SUCCESS = 0
+_FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}  # 0: not supported
+
+
+class _Calls:
+    """Counts the threads inside NVML, so that shutdown never runs under one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy = 0
+        self.closed = False
+
+    @contextlib.contextmanager
+    def inside(self) -> Any:
+        with self._cond:
+            if self.closed:
+                raise RuntimeError("NVML was shut down")
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                if not self._busy:
+                    self._cond.notify_all()
+
+    def close(self, wait_s: float) -> bool:
+        """Refuse new calls; whether the calls in flight ended within ``wait_s``."""
+        with self._cond:
+            self.closed = True
+            return self._cond.wait_for(lambda: self._busy == 0, timeout=wait_s)
+
+
+class _Reading:
+    """What one reading of one GPU collected besides the values: refusals, suspicion."""
+
+    def __init__(self) -> None:
+        self.refused: dict[str, str] = {}  # reading -> NVML's words
+        self.suspect = False  # an optional query answered as a lost GPU would
 
 
 class NvmlBackend:
-    """Live readings of the GPUs this machine's driver exposes."""
+    """Live readings of the GPUs this machine's driver exposes.
 
-    def __init__(self, pynvml: Any) -> None:
+    Args:
+        pynvml: the bindings module (a stand-in in tests).
+        monotonic: the clock of the PCIe throughput fallback's period (seconds).
+        close_wait_s: see :data:`CLOSE_WAIT_S`.
+    """
+
+    def __init__(
+        self,
+        pynvml: Any,
+        monotonic: Callable[[], float] = time.monotonic,
+        close_wait_s: float = CLOSE_WAIT_S,
+    ) -> None:
         self._nvml = pynvml
+        self._monotonic = monotonic
+        self._close_wait_s = close_wait_s
         self._handles: dict[int, Any] = {}
         # name, uuid and PCI bus id of each GPU as last read, for a GPU that is lost later.
         self._identity: dict[int, tuple[str | None, str | None, str | None]] = {}
+        self._calls = _Calls()
         self._closed = False
         self._lost = tuple(c for n in _LOST_ERRORS if (c := getattr(pynvml, n, None)) is not None)
+        self._absent = tuple(
+            c for n in _ABSENT_ERRORS if (c := getattr(pynvml, n, None)) is not None
+        )
         mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
         self._mismatch: tuple[type[BaseException], ...] = (mismatch,) if mismatch else ()
         self._process_v2 = False  # the v3 process query is missing or broken here
+        # PCIe byte counters as last read: index -> (tx bytes, rx bytes, seconds).
+        self._pcie_counts: dict[int, tuple[int, int, float]] = {}
+        self._pcie_counters_missing: set[int] = set()
+        self._throughput_at: dict[int, float] = {}  # index -> when it was last asked
+        self._reading = _Reading()
 
     @property
     def kind(self) -> str:
@@ -103,34 +200,57 @@ class NvmlBackend:
     def absent_reason(self) -> str | None:
         return None
 
-    def _query(self, fn: Callable[..., T] | None, *args: Any) -> T | None:
-        """``fn(*args)``, or ``None`` for a reading this GPU or driver lacks.
+    def _query(self, fn: Callable[..., T] | None, *args: Any, what: str = "") -> T | None:
+        """``fn(*args)``, or ``None`` for a reading this GPU or driver cannot give.
 
-        Raises :class:`_GpuLost` when the answer says the GPU is unreachable.
+        Never raises for an NVML error: a refusal other than "not supported" is
+        named in the reading's ``unavailable`` (as ``what``, else the function's
+        name), and one that a lost GPU would give makes the reading check a core
+        query again before it ends.
         """
         if fn is None:
             return None
         try:
             return fn(*args)
         except self._nvml.NVMLError as exc:
-            if self._lost and isinstance(exc, self._lost):
-                raise _GpuLost(_describe(exc)) from None
-            return None  # NotSupported, NoPermission, NotFound...: no value
+            if not isinstance(exc, self._absent):
+                self._reading.refused.setdefault(what or _short(fn), _kind(exc))
+                if self._lost and isinstance(exc, self._lost):
+                    self._reading.suspect = True
+            return None
         except self._mismatch:
             return None  # the bindings call a function this driver's NVML lacks
 
+    def _core(self, fn: Callable[..., T], h: Any, what: str) -> T | None:
+        """A query every reachable GPU answers: a lost GPU's answer, twice, raises
+        :class:`_GpuLost`; any other refusal is "no value", as in :meth:`_query`."""
+        for attempt in range(2):
+            try:
+                return fn(h)
+            except self._nvml.NVMLError as exc:
+                if not (self._lost and isinstance(exc, self._lost)):
+                    if not isinstance(exc, self._absent):
+                        self._reading.refused.setdefault(what, _kind(exc))
+                    return None
+                if attempt:
+                    raise _GpuLost(_describe(exc)) from None
+        return None  # pragma: no cover - the loop returns or raises
+
     def _system(self, fn: Callable[..., T] | None, *args: Any) -> T | None:
         """A query about the driver, not a GPU: every failure is "no value"."""
+        if fn is None:
+            return None
         try:
-            return self._query(fn, *args)
-        except _GpuLost:
+            with self._calls.inside():
+                return fn(*args)
+        except (self._nvml.NVMLError, RuntimeError, *self._mismatch):
             return None
 
     def driver(self) -> DriverInfo | None:
         n = self._nvml
         version = self._system(n.nvmlSystemGetDriverVersion)
-        cuda = self._system(n.nvmlSystemGetCudaDriverVersion_v2) or self._system(
-            n.nvmlSystemGetCudaDriverVersion
+        cuda = self._system(getattr(n, "nvmlSystemGetCudaDriverVersion_v2", None)) or self._system(
+            getattr(n, "nvmlSystemGetCudaDriverVersion", None)
         )
         cuda_version = (int(cuda) // 1000, (int(cuda) % 1000) // 10) if cuda else None
         return DriverInfo(version=_text(version), cuda_version=cuda_version)
@@ -140,54 +260,70 @@ class NvmlBackend:
 
     def _handle(self, index: int) -> Any:
         if index not in self._handles:
-            try:
-                self._handles[index] = self._nvml.nvmlDeviceGetHandleByIndex(index)
-            except self._nvml.NVMLError as exc:
-                # A GPU that fell off the bus still has an index: report it, don't crash.
-                raise _GpuLost(_describe(exc)) from None
+            for attempt in range(2):
+                try:
+                    self._handles[index] = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                    break
+                except self._nvml.NVMLError as exc:
+                    # A GPU that fell off the bus still has an index: report it, don't crash.
+                    if not (self._lost and isinstance(exc, self._lost)):
+                        raise _Refused(_describe(exc)) from None
+                    if attempt:
+                        raise _GpuLost(_describe(exc)) from None
         return self._handles[index]
 
     def sample(self, index: int) -> GpuSample:
-        try:
-            return self._read(index)
-        except _GpuLost as lost:
-            # The handle of a lost GPU is stale; a reset GPU gets a new one.
-            self._handles.pop(index, None)
-            name, uuid, pci = self._identity.get(index, (None, None, None))
-            return GpuSample(
-                timestamp=time.time(),
-                index=index,
-                name=name or f"GPU {index}",
-                uuid=uuid,
-                pci_bus_id=pci,
-                unreachable=str(lost),
-            )
+        with self._calls.inside():
+            self._reading = _Reading()
+            try:
+                return self._read(index)
+            except _GpuLost as lost:
+                # The handle of a lost GPU is stale; a reset GPU gets a new one.
+                self._handles.pop(index, None)
+                self._pcie_counts.pop(index, None)
+                name, uuid, pci = self._identity.get(index, (None, None, None))
+                return GpuSample(
+                    timestamp=time.time(),
+                    index=index,
+                    name=name or f"GPU {index}",
+                    uuid=uuid,
+                    pci_bus_id=pci,
+                    unreachable=str(lost),
+                )
+            except _Refused as refused:
+                name, uuid, pci = self._identity.get(index, (None, None, None))
+                return GpuSample(
+                    timestamp=time.time(),
+                    index=index,
+                    name=name or f"GPU {index}",
+                    uuid=uuid,
+                    pci_bus_id=pci,
+                    unavailable=f"every reading: the driver gives no handle ({refused})",
+                )
 
     def _read(self, index: int) -> GpuSample:
         n = self._nvml
         q = self._query
         h = self._handle(index)
-        name = _text(q(n.nvmlDeviceGetName, h))
-        uuid = _text(q(n.nvmlDeviceGetUUID, h))
+        # The core queries first: a lost GPU is known after two of them.
         pci = self._pci_bus_id(h)
+        mem = self._core(n.nvmlDeviceGetMemoryInfo, h, "memory")
+        name = _text(q(n.nvmlDeviceGetName, h, what="name"))
+        uuid = _text(q(n.nvmlDeviceGetUUID, h, what="UUID"))
         known = self._identity.get(index, (None, None, None))
         self._identity[index] = (name or known[0], uuid or known[1], pci or known[2])
-        mem = q(n.nvmlDeviceGetMemoryInfo, h)
-        util = q(n.nvmlDeviceGetUtilizationRates, h)
-        power_mw = q(n.nvmlDeviceGetPowerUsage, h)
-        limit_mw = q(n.nvmlDeviceGetEnforcedPowerLimit, h)
-        # Older nvidia-ml-py releases only have the "throttle" spelling.
-        reasons = q(getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None), h)
-        if reasons is None:
-            reasons = q(n.nvmlDeviceGetCurrentClocksThrottleReasons, h)
-        remapped = q(n.nvmlDeviceGetRemappedRows, h)
-        pending_pages = q(n.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        cc = q(n.nvmlDeviceGetCudaComputeCapability, h)
-        persistence = q(n.nvmlDeviceGetPersistenceMode, h)
+        util = q(n.nvmlDeviceGetUtilizationRates, h, what="utilization")
+        power_mw = q(n.nvmlDeviceGetPowerUsage, h, what="power draw")
+        limit_mw = q(n.nvmlDeviceGetEnforcedPowerLimit, h, what="power limit")
+        reasons = self._clock_event_reasons(h)
+        remapped = q(n.nvmlDeviceGetRemappedRows, h, what="remapped rows")
+        pending_pages = q(n.nvmlDeviceGetRetiredPagesPendingStatus, h, what="retired pages")
+        cc = q(n.nvmlDeviceGetCudaComputeCapability, h, what="compute capability")
+        persistence = q(n.nvmlDeviceGetPersistenceMode, h, what="persistence mode")
         mig_mode = self._mig_mode(h)
         mig_handles = self._mig_handles(h) if mig_mode else []
         processes, unreadable = self._processes(h, mig_mode, mig_handles)
-        return GpuSample(
+        sample = GpuSample(
             timestamp=time.time(),
             index=index,
             name=name or f"GPU {index}",
@@ -197,32 +333,71 @@ class NvmlBackend:
             memory_used_bytes=None if mem is None else int(mem.used),
             utilization_gpu_pct=None if util is None else float(util.gpu),
             utilization_memory_pct=None if util is None else float(util.memory),
-            temperature_c=_float(q(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)),
+            temperature_c=_float(
+                q(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU, what="temperature")
+            ),
             temperature_slowdown_c=_float(
-                q(n.nvmlDeviceGetTemperatureThreshold, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+                q(
+                    n.nvmlDeviceGetTemperatureThreshold,
+                    h,
+                    n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                    what="temperature thresholds",
+                )
             ),
             temperature_shutdown_c=_float(
-                q(n.nvmlDeviceGetTemperatureThreshold, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+                q(
+                    n.nvmlDeviceGetTemperatureThreshold,
+                    h,
+                    n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+                    what="temperature thresholds",
+                )
             ),
             power_draw_w=None if power_mw is None else power_mw / 1000.0,
             power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
-            sm_clock_mhz=_float(q(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)),
-            sm_clock_max_mhz=_float(q(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM)),
+            sm_clock_mhz=_float(q(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM, what="SM clock")),
+            sm_clock_max_mhz=_float(
+                q(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM, what="SM clock")
+            ),
             clock_event_reasons=None if reasons is None else int(reasons),
             ecc=self._ecc(h),
             retired_pages_pending=None if pending_pages is None else bool(pending_pages),
             remapped_rows=_remapped(remapped),
-            pcie=self._pcie(h),
+            pcie=self._pcie(index, h),
             processes=processes,
             processes_unreadable=unreadable,
             persistence_mode=None if persistence is None else bool(persistence),
             compute_capability=None if cc is None else (int(cc[0]), int(cc[1])),
             mig_mode=mig_mode,
             mig_devices=tuple(self._mig_device(mh) for mh in mig_handles),
+            fabric=self._fabric(h),
         )
+        if self._reading.suspect:
+            # An optional query answered as a lost GPU would: lost only if a core
+            # query now fails too (raises _GpuLost), else it was that query alone.
+            self._core(n.nvmlDeviceGetMemoryInfo, h, "memory")
+        refused = self._reading.refused
+        if refused:
+            notes = ", ".join(f"{what} ({kind})" for what, kind in refused.items())
+            sample = replace(sample, unavailable=notes)
+        return sample
+
+    def _clock_event_reasons(self, h: Any) -> int | None:
+        n = self._nvml
+        # Older nvidia-ml-py releases only have the "throttle" spelling; newer ones
+        # (CUDA 14) only the "event" one.
+        reasons = self._query(
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None), h, what="clock reasons"
+        )
+        if reasons is None:
+            reasons = self._query(
+                getattr(n, "nvmlDeviceGetCurrentClocksThrottleReasons", None),
+                h,
+                what="clock reasons",
+            )
+        return None if reasons is None else int(reasons)
 
     def _pci_bus_id(self, h: Any) -> str | None:
-        info = self._query(self._nvml.nvmlDeviceGetPciInfo, h)
+        info = self._core(self._nvml.nvmlDeviceGetPciInfo, h, "PCI info")
         bus = _text(getattr(info, "busId", None)) if info is not None else None
         return normalize_pci_bus_id(bus) if bus else None
 
@@ -231,25 +406,93 @@ class NvmlBackend:
         q = self._query
         unc, cor = n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_MEMORY_ERROR_TYPE_CORRECTED
         vol, agg = n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC
+        get = n.nvmlDeviceGetTotalEccErrors
         return EccCounts(
-            volatile_corrected=q(n.nvmlDeviceGetTotalEccErrors, h, cor, vol),
-            volatile_uncorrected=q(n.nvmlDeviceGetTotalEccErrors, h, unc, vol),
-            aggregate_corrected=q(n.nvmlDeviceGetTotalEccErrors, h, cor, agg),
-            aggregate_uncorrected=q(n.nvmlDeviceGetTotalEccErrors, h, unc, agg),
+            volatile_corrected=q(get, h, cor, vol, what="ECC counts"),
+            volatile_uncorrected=q(get, h, unc, vol, what="ECC counts"),
+            aggregate_corrected=q(get, h, cor, agg, what="ECC counts"),
+            aggregate_uncorrected=q(get, h, unc, agg, what="ECC counts"),
         )
 
-    def _pcie(self, h: Any) -> PcieLink:
+    def _pcie(self, index: int, h: Any) -> PcieLink:
         n = self._nvml
         q = self._query
+        tx, rx = self._pcie_traffic(index, h)
         return PcieLink(
-            gen_current=q(n.nvmlDeviceGetCurrPcieLinkGeneration, h),
-            gen_max=q(n.nvmlDeviceGetMaxPcieLinkGeneration, h),
-            gen_gpu_max=q(n.nvmlDeviceGetGpuMaxPcieLinkGeneration, h),
-            width_current=q(n.nvmlDeviceGetCurrPcieLinkWidth, h),
-            width_max=q(n.nvmlDeviceGetMaxPcieLinkWidth, h),
-            tx_kib_per_s=q(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_TX_BYTES),
-            rx_kib_per_s=q(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_RX_BYTES),
+            gen_current=q(n.nvmlDeviceGetCurrPcieLinkGeneration, h, what="PCIe link"),
+            gen_max=q(n.nvmlDeviceGetMaxPcieLinkGeneration, h, what="PCIe link"),
+            gen_gpu_max=q(n.nvmlDeviceGetGpuMaxPcieLinkGeneration, h, what="PCIe link"),
+            width_current=q(n.nvmlDeviceGetCurrPcieLinkWidth, h, what="PCIe link"),
+            width_max=q(n.nvmlDeviceGetMaxPcieLinkWidth, h, what="PCIe link"),
+            tx_kib_per_s=tx,
+            rx_kib_per_s=rx,
         )
+
+    def _pcie_traffic(self, index: int, h: Any) -> tuple[int | None, int | None]:
+        """PCIe traffic in KiB/s: from the byte counters between two readings, else
+        from the throughput query at most every :data:`PCIE_THROUGHPUT_PERIOD_S`."""
+        if index not in self._pcie_counters_missing:
+            counts = self._pcie_counters(h)
+            if counts is not None:
+                last = self._pcie_counts.get(index)
+                self._pcie_counts[index] = counts
+                return _rates(last, counts)
+            self._pcie_counters_missing.add(index)
+        now = self._monotonic()
+        last_asked = self._throughput_at.get(index)
+        if last_asked is not None and now - last_asked < PCIE_THROUGHPUT_PERIOD_S:
+            return None, None
+        self._throughput_at[index] = now
+        n = self._nvml
+        get = n.nvmlDeviceGetPcieThroughput
+        return (
+            self._query(get, h, n.NVML_PCIE_UTIL_TX_BYTES, what="PCIe throughput"),
+            self._query(get, h, n.NVML_PCIE_UTIL_RX_BYTES, what="PCIe throughput"),
+        )
+
+    def _pcie_counters(self, h: Any) -> tuple[int, int, float] | None:
+        """The PCIe byte counters (sent, received) and when they were read (seconds),
+        or ``None`` where this GPU or driver lacks them."""
+        n = self._nvml
+        ids = (
+            getattr(n, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", None),
+            getattr(n, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", None),
+        )
+        get = getattr(n, "nvmlDeviceGetFieldValues", None)
+        if get is None or None in ids:
+            return None
+        values = self._query(get, h, list(ids), what="PCIe counters")
+        if values is None:
+            return None
+        try:
+            tx, rx = values[0], values[1]
+            if int(tx.nvmlReturn) != _NVML_SUCCESS or int(rx.nvmlReturn) != _NVML_SUCCESS:
+                return None
+            # The field's own timestamp (microseconds) dates the count, not our clock.
+            when = int(tx.timestamp) / 1e6 if int(tx.timestamp) else self._monotonic()
+            return int(tx.value.ullVal), int(rx.value.ullVal), when
+        except (AttributeError, IndexError, TypeError, ValueError):
+            return None
+
+    def _fabric(self, h: Any) -> str | None:
+        """The GPU's NVLink fabric registration (see :attr:`GpuSample.fabric`)."""
+        n = self._nvml
+        make = getattr(n, "c_nvmlGpuFabricInfoV_t", None)
+        get = getattr(n, "nvmlDeviceGetGpuFabricInfoV", None)
+        if make is None or get is None:
+            make = getattr(n, "c_nvmlGpuFabricInfo_t", None)
+            get = getattr(n, "nvmlDeviceGetGpuFabricInfo", None)
+        if make is None or get is None:
+            return None
+        info = make()
+        # NVML fills the structure through its pointer.
+        if self._query(get, h, ctypes.byref(info), what="fabric state") is None:
+            return None
+        state = _FABRIC_STATES.get(int(info.state) & 0xFF)
+        status = int(getattr(info, "status", _NVML_SUCCESS))
+        if state == "completed" and status != _NVML_SUCCESS:
+            return f"failed: {_describe(n.NVMLError(status))}"
+        return state
 
     # --- MIG -------------------------------------------------------------------------------
 
@@ -328,10 +571,8 @@ class NvmlBackend:
             except self._mismatch:
                 self._process_v2 = True  # R495-era driver: no v3 query
             except n.NVMLError as exc:
-                if self._lost and isinstance(exc, self._lost):
-                    raise _GpuLost(_describe(exc)) from None
                 if type(exc).__name__ != "NVMLError_FunctionNotFound":
-                    return None, f"the process list cannot be read ({_describe(exc)})"
+                    return None, self._unreadable(exc)
                 self._process_v2 = True
             else:
                 if v2 is None or all(0 < int(p.pid) <= _PID_MAX for p in procs):
@@ -342,9 +583,14 @@ class NvmlBackend:
         try:
             return list(v2(h)), ""
         except n.NVMLError as exc:
-            if self._lost and isinstance(exc, self._lost):
-                raise _GpuLost(_describe(exc)) from None
-            return None, f"the process list cannot be read ({_describe(exc)})"
+            return None, self._unreadable(exc)
+
+    def _unreadable(self, exc: BaseException) -> str:
+        """Why the process list is unknown; an answer a lost GPU would give makes the
+        reading check a core query again (as :meth:`_query` does)."""
+        if self._lost and isinstance(exc, self._lost):
+            self._reading.suspect = True
+        return f"the process list cannot be read ({_describe(exc)})"
 
     def xid_watch(self) -> XidWatch | None:
         """NVML's Xid events of every GPU (needs no root, unlike the kernel log)."""
@@ -359,30 +605,45 @@ class NvmlBackend:
         registered = 0
         for index in range(self.device_count()):
             try:
-                h = self._handle(index)
-                n.nvmlDeviceRegisterEvents(h, kind, event_set)
+                with self._calls.inside():
+                    h = self._handle(index)
+                    n.nvmlDeviceRegisterEvents(h, kind, event_set)
                 registered += 1
-            except (_GpuLost, n.NVMLError):
+            except (_GpuLost, _Refused, RuntimeError, n.NVMLError):
                 continue  # NotSupported on this GPU, or lost: the others are watched
         if not registered:
             self._system(getattr(n, "nvmlEventSetFree", None), event_set)
             return None
-        return _NvmlXidWatch(n, event_set)
+        return _NvmlXidWatch(n, event_set, self._calls)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._system(self._nvml.nvmlShutdown)
+        """Shut NVML down once every call in flight has ended (see the module's
+        docstring); later calls read nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._calls.close(self._close_wait_s):
+            return  # a thread is still inside NVML: shutting down now would free its memory
+        with contextlib.suppress(self._nvml.NVMLError, *self._mismatch):
+            self._nvml.nvmlShutdown()
 
 
 class _NvmlXidWatch:
     """Waits on an NVML event set registered for Xid critical errors."""
 
-    def __init__(self, nvml: Any, event_set: Any) -> None:
+    def __init__(self, nvml: Any, event_set: Any, calls: _Calls) -> None:
         self._nvml = nvml
         self._set = event_set
+        self._calls = calls
 
     def wait(self, timeout_s: float) -> list[XidNotice]:
+        try:
+            with self._calls.inside():
+                return self._wait(timeout_s)
+        except RuntimeError:
+            return []  # NVML was shut down: no more events
+
+    def _wait(self, timeout_s: float) -> list[XidNotice]:
         n = self._nvml
         out: list[XidNotice] = []
         timeout_ms = max(0, int(timeout_s * 1000))
@@ -409,9 +670,10 @@ class _NvmlXidWatch:
 
     def close(self) -> None:
         free = getattr(self._nvml, "nvmlEventSetFree", None)
-        if free is not None:
-            with contextlib.suppress(self._nvml.NVMLError):
-                free(self._set)
+        if free is None:
+            return
+        with contextlib.suppress(self._nvml.NVMLError, RuntimeError), self._calls.inside():
+            free(self._set)
 
 
 def _describe(exc: BaseException) -> str:
@@ -422,6 +684,27 @@ def _describe(exc: BaseException) -> str:
     except Exception:
         text = ""
     return f"{text} ({kind})" if text and text != kind else kind
+
+
+def _rates(
+    last: tuple[int, int, float] | None, now: tuple[int, int, float]
+) -> tuple[int | None, int | None]:
+    """KiB/s sent and received between two readings of the PCIe byte counters;
+    ``None`` for a first reading, or counters that went back (a GPU reset)."""
+    if last is None or now[2] <= last[2] or now[0] < last[0] or now[1] < last[1]:
+        return None, None
+    seconds = now[2] - last[2]
+    return round((now[0] - last[0]) / 1024 / seconds), round((now[1] - last[1]) / 1024 / seconds)
+
+
+def _kind(exc: BaseException) -> str:
+    """NVML's error class without its prefix: ``"Unknown"``, ``"NoPermission"``."""
+    return type(exc).__name__.removeprefix("NVMLError_")
+
+
+def _short(fn: Callable[..., Any]) -> str:
+    """A query's name without NVML's prefix: ``"TotalEccErrors"``."""
+    return getattr(fn, "__name__", "query").removeprefix("nvmlDeviceGet")
 
 
 def _owner(pid: int) -> tuple[str | None, str | None]:

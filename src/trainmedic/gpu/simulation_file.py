@@ -50,6 +50,8 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "mig_mode": (bool,),
     "processes_unreadable": (str,),
     "unreachable": (str,),
+    "unavailable": (str,),
+    "fabric": (str,),
 }
 _GROUPS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
     "ecc": (

@@ -134,6 +134,14 @@ class GpuSample:
         processes_unreadable: why the process list could not be read (MIG
             without privileges, no permission); ``processes`` is then empty and
             means *unknown*, not *none*. ``None`` when it was read.
+        unavailable: the readings the driver refused for another reason than
+            "not supported", with its words (``"ECC counts (Unknown)"``): common
+            inside containers, and no sign of a lost GPU. ``None`` when none was.
+        fabric: the GPU's registration with the NVLink fabric on NVSwitch
+            machines (HGX), which Fabric Manager performs and CUDA waits for:
+            ``"completed"``, ``"in_progress"``, ``"not_started"`` or
+            ``"failed: <NVML's error>"``; ``None`` where the GPU has no fabric
+            or the driver cannot tell.
     """
 
     timestamp: float
@@ -164,6 +172,8 @@ class GpuSample:
     mig_mode: bool | None = None
     mig_devices: tuple[MigDevice, ...] = ()
     processes_unreadable: str | None = None
+    unavailable: str | None = None
+    fabric: str | None = None
 
     @property
     def memory_free_bytes(self) -> int | None:

@@ -59,6 +59,8 @@ GPU_KEYS: dict[str, str] = {
     "mig_devices": "migd",
     "processes_unreadable": "pru",
     "unreachable": "un",
+    "unavailable": "na",
+    "fabric": "fab",
 }
 _ECC = (
     "volatile_corrected",
@@ -77,13 +79,23 @@ _MIG = (
     "memory_total_bytes",
     "memory_used_bytes",
 )
-_GPU_TEXTS = ("name", "uuid", "pci_bus_id", "processes_unreadable", "unreachable")
+_GPU_TEXTS = (
+    "name",
+    "uuid",
+    "pci_bus_id",
+    "processes_unreadable",
+    "unreachable",
+    "unavailable",
+    "fabric",
+)
 _GPU_SCALARS = (
     "name",
     "uuid",
     "pci_bus_id",
     "processes_unreadable",
     "unreachable",
+    "unavailable",
+    "fabric",
     "mig_mode",
     "memory_total_bytes",
     "memory_used_bytes",

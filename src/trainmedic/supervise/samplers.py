@@ -5,9 +5,10 @@ in a :class:`SamplerThread`. Clocks are parameters, so tests drive a sampler
 reading by reading with fake time.
 
 Rates fit costs. A GPU reading through NVML costs a few milliseconds of CPU
-but blocks about 40 ms per GPU in the driver (PCIe throughput is counted over
-a 20 ms window, twice): the GPU sampler measures each round and stretches its
-period so that rounds never overlap and its CPU stays under
+(PCIe traffic comes from byte counters; only drivers without them block
+~40 ms in the throughput query, and then every 10 s at most: see
+:mod:`trainmedic.gpu.nvml`): the GPU sampler measures each round and stretches
+its period so that rounds never overlap and its CPU stays under
 :data:`GPU_CPU_BUDGET` of one core. The host reading (the job's process tree,
 system CPU, disks, network, memory) is taken every second.
 """

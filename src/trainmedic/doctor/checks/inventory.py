@@ -51,6 +51,10 @@ def check_gpu_inventory(facts: MachineFacts) -> list[Finding]:
                     "cuda_driver_version": None if cuda is None else f"{cuda[0]}.{cuda[1]}",
                     "compute_capability": _capability(s),
                     "persistence_mode": s.persistence_mode,
+                    "fabric": s.fabric,
+                    # Readings the driver refused (common inside containers): the
+                    # checks that need them are silent for this GPU.
+                    "unavailable_readings": s.unavailable,
                     "backend": facts.gpu.backend,
                 },
                 subject=f"gpu{s.index}",
@@ -161,6 +165,70 @@ def check_persistence_mode(facts: MachineFacts) -> list[Finding]:
     ]
 
 
+_FABRIC_MANAGER_FIX = (
+    "Start NVIDIA Fabric Manager and make it start at boot: sudo systemctl enable --now "
+    "nvidia-fabricmanager (its version must match the driver's exactly: "
+    "nvidia-smi and `nv-fabricmanager --version`); check `systemctl status "
+    "nvidia-fabricmanager` and /var/log/fabricmanager.log for why it stopped. On a rented "
+    "machine, ask the provider: until it runs, every CUDA program on this machine fails to "
+    "start with CUDA error 802 ('system not yet initialized')."
+)
+
+
+def check_fabric(facts: MachineFacts) -> list[Finding]:
+    """GPUs of an NVSwitch machine (HGX) not registered with the NVLink fabric.
+
+    CUDA cannot start on them until Fabric Manager has registered them; a
+    registration still in progress is a warning (it takes a minute after boot).
+    """
+    by_state: dict[str, list[GpuSample]] = {}
+    for s in facts.gpu.samples:
+        if s.fabric is None or s.fabric == "completed":
+            continue
+        key = "failed" if s.fabric.startswith("failed") else s.fabric
+        by_state.setdefault(key, []).append(s)
+    out: list[Finding] = []
+    titles = {
+        "not_started": (
+            Severity.ERROR,
+            "driver.fabric_manager_not_running",
+            "{n} GPU(s) are not registered with the NVLink fabric: Fabric Manager is not "
+            "running, so CUDA cannot start on them (error 802, 'system not yet initialized')",
+        ),
+        "failed": (
+            Severity.ERROR,
+            "driver.fabric_registration_failed",
+            "{n} GPU(s) failed to register with the NVLink fabric: CUDA cannot start on them",
+        ),
+        "in_progress": (
+            Severity.WARNING,
+            "driver.fabric_registration_pending",
+            "{n} GPU(s) are still registering with the NVLink fabric: CUDA programs started "
+            "now fail with error 802 until it completes",
+        ),
+    }
+    for key, gpus in by_state.items():
+        severity, finding_id, title = titles[key]
+        fix = _FABRIC_MANAGER_FIX
+        if key == "in_progress":
+            fix = "Wait a minute and run doctor again; if it stays so, " + fix[0].lower() + fix[1:]
+        out.append(
+            Finding(
+                id=finding_id,
+                category=Category.DRIVER,
+                severity=severity,
+                title=title.format(n=len(gpus)),
+                evidence={
+                    "gpus": [f"gpu{s.index}" for s in gpus],
+                    "fabric": {f"gpu{s.index}": s.fabric for s in gpus},
+                },
+                fix=fix,
+                subject="host",
+            )
+        )
+    return out
+
+
 def check_mig(facts: MachineFacts) -> list[Finding]:
     """GPUs in MIG mode, with what MIG hides from the other checks (info)."""
     return [mig_finding(s, "now") for s in facts.gpu.samples if s.mig_mode]
@@ -171,5 +239,6 @@ CHECKS = (
     check_driver_presence,
     check_mixed_models,
     check_persistence_mode,
+    check_fabric,
     check_mig,
 )
