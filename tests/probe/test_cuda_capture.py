@@ -69,21 +69,28 @@ class FakeCuda:
     def current_stream(self, device: Any = None) -> str:
         return f"stream of {device}"
 
-    def memory_stats(self) -> dict[str, int]:
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        """Each device's own statistics; no argument reads the current device, 0 here."""
         self.stats_reads += 1
-        return {"allocated_bytes.all.peak": 1}
+        current = device is None or str(device) == "cuda:0"
+        peak = 1 if current else 7 << 30
+        return {"allocated_bytes.all.peak": peak, "reserved_bytes.all.peak": 2 * peak}
 
 
-def make_cuda() -> tuple[CudaSteps, FakeCuda, list[tuple[StepDraft, Any]]]:
+def make_cuda(
+    allocs: list[Any] | None = None,
+) -> tuple[CudaSteps, FakeCuda, list[tuple[StepDraft, Any]]]:
+    """The CUDA part on a :class:`FakeCuda`; ``allocs`` collects each step's allocator reading."""
     fake = FakeCuda()
     finished: list[tuple[StepDraft, Any]] = []
     parts = Parts((), (), lambda part, exc, tb: None)
-    steps = CudaSteps(
-        SimpleNamespace(cuda=fake),
-        parts["cuda"],
-        lambda draft, timing, alloc: finished.append((draft, timing)),
-        lambda: None,
-    )
+
+    def finish(draft: StepDraft, timing: Any, alloc: Any) -> None:
+        finished.append((draft, timing))
+        if allocs is not None:
+            allocs.append(alloc)
+
+    steps = CudaSteps(SimpleNamespace(cuda=fake), parts["cuda"], finish, lambda: None)
     return steps, fake, finished
 
 
@@ -127,6 +134,26 @@ def test_events_go_to_the_stream_of_the_steps_device() -> None:
     steps.use_device("cuda:1")
     steps.segment_started()
     assert fake.recorded == [None, "stream of cuda:1"]
+
+
+def test_allocator_statistics_are_read_from_the_steps_device() -> None:
+    """A job on ``cuda:1`` without ``set_device``: ``memory_stats()`` without a device
+    reads device 0, where the job allocated nothing."""
+    allocs: list[Any] = []
+    steps, _, _ = make_cuda(allocs)
+    steps.use_device("cuda:1")
+    steps.add(draft(1, steps.segment_started()))
+    steps.flush()
+    (alloc,) = allocs
+    assert (alloc.alloc_peak_bytes, alloc.reserved_peak_bytes) == (7 << 30, 14 << 30)
+
+
+def test_before_any_device_is_known_the_current_devices_allocator_is_read() -> None:
+    allocs: list[Any] = []
+    steps, _, _ = make_cuda(allocs)
+    steps.add(draft(1, steps.segment_started()))
+    steps.flush()
+    assert [a.alloc_peak_bytes for a in allocs] == [1]
 
 
 class FakeGraph:

@@ -7,7 +7,13 @@ from typing import ClassVar
 
 import pytest
 
-from trainmedic.channel.wire import HOST_STEP_COLUMNS, STEP_COLUMNS, StepBatch, decode_line
+from trainmedic.channel.wire import (
+    HOST_STEP_COLUMNS,
+    STEP_COLUMNS,
+    StepBatch,
+    TorchInfo,
+    decode_line,
+)
 from trainmedic.probe.agent import IDLE_STEPS_S
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.runtime import Probe
@@ -308,3 +314,98 @@ def test_a_line_holds_at_most_line_rows_steps_and_says_when_one_is_full() -> Non
     assert counts == [LINE_ROWS, LINE_ROWS, 5]
     assert steps.train_steps == LINE_ROWS * 2 + 5
     assert steps.train_s == pytest.approx(0.5 * steps.train_steps)
+
+
+class Cudnn:
+    """``torch.backends.cudnn``: its first ``version()`` loads the library; calls are noted."""
+
+    def __init__(self, version: int | None = 90100, fails: bool = False) -> None:
+        self.calls: list[str] = []
+        self.answer = version
+        self.fails = fails
+        self.where = "step"
+
+    def version(self) -> int | None:
+        self.calls.append(self.where)
+        if self.fails:
+            raise RuntimeError("cuDNN version incompatibility")
+        return self.answer
+
+
+class ReadyCuda(FakeCuda):
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def get_device_name(i: int) -> str:
+        return "NVIDIA H200"
+
+    @staticmethod
+    def get_arch_list() -> list[str]:
+        return ["sm_90"]
+
+
+def probe_on_cuda(cudnn: Cudnn) -> tuple[Probe, StepTracker]:
+    """A probe whose CUDA part sees a job that initialised CUDA, as _install_torch sets it up."""
+    from types import SimpleNamespace
+
+    from trainmedic.probe.cuda import CudaSteps
+
+    probe, tracker, _ = make_probe()
+    probe.forward = None
+    torch = SimpleNamespace(
+        __version__="2.11.0+cu130",
+        version=SimpleNamespace(cuda="13.0"),
+        cuda=ReadyCuda,
+        backends=SimpleNamespace(cudnn=cudnn),
+    )
+    probe.torch = torch  # type: ignore[assignment]
+    probe.cuda = CudaSteps(torch, probe.parts["cuda"], probe._finish_step, probe._cuda_ready)
+    tracker.listener = probe.cuda
+    tracker.emit = probe._on_draft
+    return probe, tracker
+
+
+def torch_infos(probe: Probe) -> list[TorchInfo]:
+    return [m for m in probe.outbox if isinstance(m, TorchInfo)]
+
+
+def test_cudnn_is_first_asked_for_its_version_on_the_probes_thread_not_in_a_step() -> None:
+    """Its first ``cudnn.version()`` loads cuDNN: inside the job's first step it would
+    lengthen it, and could run inside a CUDA graph capture or a traced region."""
+    cudnn = Cudnn()
+    probe, tracker = probe_on_cuda(cudnn)
+    train_step(tracker, 0.0)  # CUDA is seen initialised at the first step's first compute
+    train_step(tracker, 1.0)
+    assert cudnn.calls == []
+    assert torch_infos(probe) == []
+    cudnn.where = "probe thread"
+    probe._send_cuda_info()  # the probe's thread, before each send
+    probe._send_cuda_info()
+    (info,) = torch_infos(probe)
+    assert cudnn.calls == ["probe thread"]
+    assert (info.cuda_initialized, info.cudnn_version) == (True, 90100)
+    assert (info.devices, info.arch_list) == (("NVIDIA H200",), ("sm_90",))
+
+
+def test_the_cuda_torch_info_waits_out_a_graph_capture() -> None:
+    cudnn = Cudnn()
+    probe, tracker = probe_on_cuda(cudnn)
+    train_step(tracker, 0.0)
+    assert probe.cuda is not None
+    probe.cuda.captures = 1  # torch.cuda.graph is capturing on the training thread
+    probe._send_cuda_info()
+    assert (cudnn.calls, torch_infos(probe)) == ([], [])
+    probe.cuda.captures = 0
+    probe._send_cuda_info()
+    assert len(torch_infos(probe)) == 1
+
+
+def test_a_cudnn_that_fails_its_check_is_no_version_and_gpu_timing_goes_on() -> None:
+    probe, tracker = probe_on_cuda(Cudnn(fails=True))
+    train_step(tracker, 0.0)
+    probe._send_cuda_info()
+    (info,) = torch_infos(probe)
+    assert info.cudnn_version is None and info.devices == ("NVIDIA H200",)
+    assert probe.parts["cuda"].on

@@ -1,19 +1,29 @@
 """The probe's CUDA parts on a real GPU: GPU time from events, allocator statistics,
-autocast, whole-step CUDA graph capture, fp16 GradScaler, a second device.
+autocast, whole-step CUDA graph capture, fp16 GradScaler, a second device, compiled
+training with CUDA graph trees.
 
 Run by scripts/gpu-check (``-m gpu``); skipped elsewhere.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from trainmedic.probe import graphs
+from trainmedic.probe.cuda import CudaSteps
 from trainmedic.probe.detail import WARMUP_STEPS
+from trainmedic.probe.parts import Parts
+from trainmedic.probe.segments import Segment, StepDraft
 
 from .probed import SCRIPTS, ProbedRun, run_probed
 
@@ -143,3 +153,90 @@ def test_steps_on_another_device_are_timed_on_that_device(tmp_path: Path) -> Non
     total = sum(s.duration_s for s in later)
     # GPU-bound: timed on device 0's idle stream it would read about 0.
     assert sum(s.gpu_time_s or 0.0 for s in later) / total > 0.5
+    # The allocator of the device computing, not of device 0 (where nothing is allocated).
+    peak = int(run.proc.stdout.split("peak ")[1].split()[0])
+    read = [s.alloc_peak_bytes for s in run.steps if s.alloc_peak_bytes is not None]
+    assert read and all(0 < b <= peak for b in read)
+
+
+def test_on_one_gpu_the_allocator_is_still_read_on_the_optimizers_device() -> None:
+    """With one GPU the current device is the job's: the device must still be passed
+    (a job that sets another device current later stays read where it computes)."""
+    import torch
+
+    asked: list[Any] = []
+
+    class Cuda:
+        """torch.cuda, noting the devices memory_stats is asked about."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch.cuda, name)
+
+        def memory_stats(self, device: Any = None) -> dict[str, Any]:
+            asked.append(device)
+            return dict(torch.cuda.memory_stats(device))
+
+    allocs: list[Any] = []
+    parts = Parts((), (), lambda part, exc, tb: None)
+    cuda = CudaSteps(
+        SimpleNamespace(cuda=Cuda()), parts["cuda"], lambda d, t, a: allocs.append(a), lambda: None
+    )
+    probe = SimpleNamespace(
+        parts=parts,
+        cuda=cuda,
+        state=SimpleNamespace(training_ident=threading.get_ident()),
+        restore=[],
+    )
+    assert graphs.install_device_hook(torch, probe, None)  # type: ignore[arg-type]
+    try:
+        model = torch.nn.Linear(1024, 1024).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        marker = cuda.segment_started()
+        model(torch.randn(256, 1024, device="cuda")).sum().backward()
+        opt.step()  # the device hook tells the CUDA part: cuda:0
+        seg = Segment.of(0.0, compute=1.0, compute_seen=True, start_marker=marker)
+        cuda.add(StepDraft(1, "train", "optimizer", 1.0, seg))
+        torch.cuda.synchronize()
+        cuda.flush()
+    finally:
+        while probe.restore:
+            probe.restore.pop()()
+    assert asked == [torch.device("cuda", 0)]
+    (alloc,) = allocs
+    assert alloc.alloc_peak_bytes >= 1024 * 1024 * 4  # the weights at least
+
+
+def triton_missing() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "inductor needs Triton, which is not installed"
+    if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+        return "inductor's Triton launcher needs a C compiler, and there is none"
+    return None
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "cudagraphs",
+        pytest.param("reduce-overhead", marks=pytest.mark.slow),
+    ],
+)
+def test_a_compiled_step_with_cuda_graph_trees_keeps_its_captures_and_its_steps(
+    tmp_path: Path, how: str
+) -> None:
+    """``optimizer.step()`` inside a region compiled with CUDA graph trees: the probe
+    breaks no capture, the job computes what it computes eagerly, and each compiled call
+    is a step (ended at its backward call: the compiled optimizer step runs no hook)."""
+    if how == "reduce-overhead" and (reason := triton_missing()) is not None:
+        pytest.skip(reason)
+    steps = 12
+    run = cuda_loop_script(tmp_path, "compiled_cuda_graphs.py", steps, how)
+    out = dict(line.split(" ", 1) for line in run.proc.stdout.splitlines() if " " in line)
+    compiled = [float(v) for v in out["compiled"].split()]
+    eager = [float(v) for v in out["eager"].split()]
+    assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-5)
+    assert int(out["captures"]) >= 1, "CUDA graph trees captured nothing"
+    train = [s for s in run.steps if s.phase == "train"]
+    # The compiled run comes first: its optimizer leads.
+    assert [s.source for s in train[:steps]] == ["optimizer"] + ["backward"] * (steps - 1)
+    assert train[steps - 1].step == steps

@@ -331,3 +331,89 @@ def test_the_listener_marks_each_steps_first_compute() -> None:
     loop.optimizer(0.001)
     assert loop.steps[0].start_marker == "event-1"
     assert loop.steps[1].start_marker == expected
+
+
+# --- optimizer steps compiled by torch.compile ------------------------------------------------
+
+
+def compiled_step(loop: Loop, opt: object = "sgd") -> None:
+    """A step of a compiled region: its forward and optimizer step run in compiled code,
+    unseen; dynamo always runs ``backward()`` eagerly."""
+    loop.fetch(0.03)
+    loop.wait(0.01)  # the compiled forward
+    loop.backward(0.02)
+    loop.wait(0.005)  # the compiled optimizer step
+
+
+def test_a_compiled_optimizer_step_ends_its_step_when_traced_then_backward_calls_do() -> None:
+    loop = Loop()
+    for _ in range(3):
+        loop.train_step()
+    # The first compiled call: dynamo traces the step, the post hook tells the tracker.
+    loop.fetch(0.03)
+    loop.wait(0.01)
+    loop.backward(0.02)
+    loop.tracker.optimizer_compiled(loop.t, "sgd")
+    loop.tracker.optimizer_compiled(loop.t, "sgd")  # a second trace ends no step
+    loop.wait(0.005)
+    for _ in range(4):
+        compiled_step(loop)
+    assert [(s.step, s.source) for s in loop.steps] == [
+        (1, "optimizer"),
+        (2, "optimizer"),
+        (3, "optimizer"),
+        (4, "optimizer"),
+        *((n, "backward") for n in range(5, 9)),
+    ]
+    # One step per iteration: from one backward call's end to the next.
+    assert [s.duration_s for s in loop.steps[4:]] == pytest.approx([0.065] * 4)
+    assert all(s.data_wait_s == pytest.approx(0.03) for s in loop.steps)
+
+
+def test_a_loop_compiled_from_its_first_step_gets_a_step_per_iteration() -> None:
+    loop = Loop()
+    loop.fetch(0.03)
+    loop.wait(0.01)
+    loop.backward(0.02)  # held: no optimizer step was seen yet
+    loop.tracker.optimizer_compiled(loop.t, "adam")
+    for _ in range(3):
+        compiled_step(loop)
+    assert [(s.step, s.source) for s in loop.steps] == [
+        (1, "optimizer"),
+        (2, "backward"),
+        (3, "backward"),
+        (4, "backward"),
+    ]
+    assert loop.steps[0].duration_s == pytest.approx(0.06)
+
+
+def test_an_optimizer_whose_hooks_run_again_ends_steps_again() -> None:
+    """Dynamo gave up compiling the region (its recompilation limit): the step runs
+    eagerly, hooks and all; its backward call already ended the iteration's step."""
+    loop = Loop()
+    loop.train_step()
+    loop.fetch(0.03)
+    loop.backward(0.02)
+    loop.tracker.optimizer_compiled(loop.t, "sgd")
+    compiled_step(loop)
+    loop.train_step()  # eager again
+    loop.train_step()
+    assert [(s.step, s.source) for s in loop.steps] == [
+        (1, "optimizer"),
+        (2, "optimizer"),  # at the trace
+        (3, "backward"),
+        (4, "backward"),  # the first eager iteration ends at its backward call
+        (5, "optimizer"),
+    ]
+    # The last eager iteration's optimizer step goes to the next step.
+    assert loop.steps[4].duration_s == pytest.approx(0.005 + 0.065)
+
+
+def test_a_compiled_optimizer_that_is_not_the_lead_marks_no_steps() -> None:
+    loop = Loop()
+    for _ in range(3):
+        loop.train_step(opt=0.005)  # "sgd" leads
+    loop.tracker.optimizer_compiled(loop.t, "critic")  # a second optimizer, compiled
+    for _ in range(2):
+        loop.train_step()
+    assert [s.source for s in loop.steps] == ["optimizer"] * 5

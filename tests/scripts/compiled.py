@@ -1,8 +1,11 @@
-"""Training with torch.compile (the eager backend: no C compiler needed), both ways a
-script uses it: a compiled model and a compiled function calling the model.
+"""Training with torch.compile (the eager backend: no C compiler needed), the ways a
+script uses it: a compiled model, a compiled function calling the model, and a whole
+compiled training step, ``optimizer.step()`` included.
 
 Not written for trainmedic. Argument: steps per way. Prints the graph breaks dynamo
-counted in the compiled function, then ``done``.
+counted in the compiled function, the reasons of those it counted while compiling the
+training step (dynamo breaks it at ``backward()`` and inside torch's optimizer step),
+then ``done``.
 """
 
 import sys
@@ -45,7 +48,22 @@ def main():
         opt.zero_grad()
         step(x, y).backward()
         opt.step()
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    counters = torch._dynamo.utils.counters
+    counters["graph_break"].clear()
+    whole = torch.compile(train_step, backend="eager")
+    for _ in range(steps):
+        whole(x, y)
     print("graph breaks", explained.graph_break_count)
+    for reason in sorted(counters["graph_break"]):  # counted again at each recompilation
+        print("training step graph break:", reason.splitlines()[0])
     print("done")
 
 

@@ -22,7 +22,10 @@ def main():
         if i % 10 == 0:
             loss.item()
     torch.cuda.synchronize(device)
-    print("done", steps, "on", device, "current device", torch.cuda.current_device())
+    print(
+        "done", steps, "on", device, "current device", torch.cuda.current_device(),
+        "peak", torch.cuda.max_memory_allocated(device),
+    )
 
 
 if __name__ == "__main__":

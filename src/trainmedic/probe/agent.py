@@ -88,6 +88,7 @@ class ProbeAgent:
 
     _dump_stacks: Callable[[], None]  # ProbeIncidents
     emit: Callable[[ProbeMessage], None]  # Probe
+    _send_cuda_info: Callable[[], None]  # Probe
     detail_failed: Callable[[BaseException], None]  # Probe
 
     # --- stack sampling --------------------------------------------------------------------------
@@ -167,6 +168,7 @@ class ProbeAgent:
                 if self.dump_requested:
                     self.dump_requested = False
                     self._dump_stacks()
+                self._send_cuda_info()
                 self._flush()
                 if stopping or self.failed:
                     return

@@ -15,6 +15,9 @@ skips while the scale calibrates (the first :data:`WARMUP_STEPS` steps) and
 one per ``growth_interval`` are normal; many more are a scaling problem
 (``diagnose/amp.py``).
 
+Under ``torch.compile`` tracing the wrapper steps aside (its thread test and
+clock would break the graph), and skips inside a compiled region go uncounted.
+
 Optimizers that scale themselves (``fused=True``: ``_step_supports_amp_scaling``)
 step on every call, skip inside their kernel, and are not counted: telling
 would need a host-device synchronisation per step.
@@ -25,8 +28,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
+
+from trainmedic.probe.hookutil import compiling_reader
 
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
@@ -90,7 +96,12 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     # The post hook that tells a skipped step is registered by the first
     # GradScaler.step: a job without a scaler pays no hook call per step.
     handles: list[Any] = []
+    is_compiling = compiling_reader(torch)
+    modules = sys.modules
 
+    # No ``is_compiling()`` test: traced, the store is replayed each time the compiled
+    # code runs (no graph break), which is what a wrapper running eagerly around a
+    # compiled ``optimizer.step()`` needs to know.
     def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         stepped[0] = True
 
@@ -105,7 +116,11 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
         probe.emit(probe.event("grad_scaler", message, counter.data(step, final)))
 
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        if not part.on or _get_ident() != state.training_ident:
+        if (
+            ("torch._dynamo" in modules and is_compiling())
+            or not part.on
+            or _get_ident() != state.training_ident
+        ):
             return original(self, optimizer, *args, **kwargs)
         if not handles:
             try:

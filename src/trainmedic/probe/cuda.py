@@ -22,7 +22,9 @@ compute (a sync such as ``loss.item()`` keeps the host waiting while the GPU
 is busy, and must not count as waiting for data).
 
 Allocator statistics (peak allocated/reserved, ``num_alloc_retries``,
-``num_ooms``) come from ``torch.cuda.memory_stats()`` on at most a share
+``num_ooms``) come from ``torch.cuda.memory_stats(device)`` of the same
+device (without one, ``memory_stats()`` would read the current device: 0 for
+a job on ``cuda:1`` without ``set_device``), on at most a share
 :data:`ALLOC_BUDGET` of the time, measured from the cost of a reading. The
 peaks are the process's running peaks: resetting them would change what the
 job itself reads from ``torch.cuda.max_memory_allocated()``.
@@ -109,7 +111,7 @@ class CudaSteps:
         """Graph captures in progress that :mod:`trainmedic.probe.graphs` saw begin."""
 
     def use_device(self, device: Any) -> None:
-        """Time steps on ``device`` (a CUDA ``torch.device``) from now on."""
+        """Time steps on ``device`` (a CUDA ``torch.device``) and read its allocator from now on."""
         self._device = device
 
     def capturing(self) -> bool:
@@ -235,7 +237,8 @@ class CudaSteps:
         if now < self._alloc_next:
             return None
         t0 = self._clock()
-        stats = self._cuda.memory_stats()
+        device = self._device  # None until an optimizer told it: the current device
+        stats = self._cuda.memory_stats() if device is None else self._cuda.memory_stats(device)
         cost = self._clock() - t0
         self._alloc_next = now + cost / ALLOC_BUDGET
 

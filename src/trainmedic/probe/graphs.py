@@ -8,14 +8,22 @@
   training step per ``replay()``, which no other hook sees: each replay of it
   ends a step, timed on the GPU like any other.
 * The optimizer's parameters name the device the job computes on: the CUDA
-  part records its events on that device's stream.
+  part records its events on that device's stream and reads that device's
+  allocator statistics.
+
+Under ``torch.compile`` tracing the optimizer hooks step aside (no graph break,
+no guard on the probe's state); the device of an optimizer whose step is
+compiled is read while dynamo traces it (:func:`trainmedic.probe.hookutil.run_while_tracing`).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
+
+from trainmedic.probe.hookutil import compiling_reader, run_while_tracing
 
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
@@ -39,7 +47,11 @@ def install_device_hook(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> b
     part = probe.parts["cuda"]
     known: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    # Called from the hook, and while dynamo traces a compiled region that steps the
+    # optimizer (run_while_tracing: no graph break, nothing of it in the graph), since
+    # a compiled step runs no hook.
+    @run_while_tracing
+    def tell(optimizer: Any) -> None:
         cuda = probe.cuda
         if cuda is None or not part.on or _get_ident() != probe.state.training_ident:
             return
@@ -52,6 +64,9 @@ def install_device_hook(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> b
                 cuda.use_device(device)
         except Exception as exc:
             part.fail(exc)
+
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        tell(optimizer)
 
     handle = optimizer_mod.register_optimizer_step_pre_hook(pre_hook)
     probe.restore.append(handle.remove)
@@ -73,8 +88,15 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
     # graph -> id of the optimizer whose step it captured
     step_graphs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
     capture = {"optimizer": None, "steps": 0}
+    is_compiling = compiling_reader(torch)
+    modules = sys.modules
 
     def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Not while dynamo traces (see torch_hooks._install_optimizer_hooks): reading
+        # the capture count would guard the compiled code on it, and a capture by
+        # ``torch.cuda.graph`` never happens inside a traced region.
+        if "torch._dynamo" in modules and is_compiling():
+            return
         cuda = probe.cuda
         if cuda is not None and cuda.captures:
             capture["optimizer"] = id(optimizer)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _MAX_DEPTH = 4
 _SEQUENCES = (tuple, list)
@@ -75,3 +77,21 @@ def compiling_reader(torch: Any) -> Callable[[], bool]:
         return bool(check()) if check is not None else False
 
     return by_dynamo
+
+
+def run_while_tracing(fn: _F) -> _F:
+    """Mark ``fn`` so that ``torch.compile`` calls it while tracing and leaves it out of the graph.
+
+    A hook that steps aside under tracing (``is_compiling()``) is gone from the
+    compiled code: when that code runs, the hook does not. Called from the hook's
+    compiling branch, a function marked here tells the probe, each time dynamo traces
+    the hook, what was compiled away. Dynamo calls a function carrying the mark that
+    ``torch._dynamo.assume_constant_result`` sets (set here directly: importing
+    dynamo would cost the job start-up time) for real while it traces, and folds
+    its result into the graph as a constant: nothing of it runs when the compiled
+    code runs, and nothing in it (the thread test, the clock) can break the
+    graph. Its arguments must be constants or plain objects; it returns ``None``.
+    Outside tracing it is an ordinary function.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn

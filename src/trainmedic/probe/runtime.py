@@ -128,6 +128,8 @@ class Probe(ProbeAgent, ProbeIncidents):
         # Set by the stack signal's handler, read by the agent (no lock: see forensics).
         self.dump_requested = False
         self.stack_dumps: StackDumps | None = None
+        # The job initialised CUDA: a TorchInfo with its devices is due (_send_cuda_info).
+        self._cuda_info_due = False
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -174,6 +176,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self._connected = False
         self._finished = False
         self.dump_requested = False
+        self._cuda_info_due = False
         self.sampler = None
         if self.step_stats is not None:
             self.step_stats = type(self.step_stats)()
@@ -210,6 +213,7 @@ class Probe(ProbeAgent, ProbeIncidents):
             agent.join(EXIT_JOIN_S)
             if agent.is_alive():
                 return  # the agent is stuck in a send; don't race it on the socket
+        self._send_cuda_info()
         if not self._connected and not self.outbox:
             return  # a short process with nothing to say: no connection at all
         from trainmedic.channel.wire import Goodbye
@@ -301,7 +305,10 @@ class Probe(ProbeAgent, ProbeIncidents):
             cuda = torch.cuda
             devices = tuple(str(cuda.get_device_name(i)) for i in range(cuda.device_count()))
             arch = tuple(str(a) for a in cuda.get_arch_list())
-            version = torch.backends.cudnn.version()
+            try:
+                version = torch.backends.cudnn.version()  # the first call loads cuDNN
+            except Exception:
+                version = None  # its compatibility check failed: the job meets it at its first use
             cudnn = int(version) if version is not None else None
         return TorchInfo(
             pid=self.pid,
@@ -315,6 +322,24 @@ class Probe(ProbeAgent, ProbeIncidents):
         )
 
     def _cuda_ready(self) -> None:
+        # Called inside the job's first step on CUDA (trainmedic.probe.cuda), perhaps
+        # while dynamo traces it: nothing is read here, the probe's thread does it.
+        self._cuda_info_due = True
+
+    def _send_cuda_info(self) -> None:
+        """Queue the TorchInfo of a job that initialised CUDA (devices, architectures,
+        cuDNN), once; on the probe's thread or at exit, outside the job's steps.
+
+        The first ``torch.backends.cudnn.version()`` loads and checks cuDNN: inside a
+        step it would lengthen that step, and could land in a CUDA graph capture or a
+        region dynamo traces. During a capture that the graph wrapper saw begin
+        (``torch.cuda.graph``, CUDA graph trees) it waits for the next round."""
+        if not self._cuda_info_due:
+            return
+        cuda = self.cuda
+        if cuda is not None and cuda.captures:
+            return
+        self._cuda_info_due = False
         try:
             self.emit(self._torch_info(self.torch, cuda_ready=True))
         except Exception as exc:

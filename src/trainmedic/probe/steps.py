@@ -24,6 +24,16 @@ Step boundaries, by source:
   least :data:`HOLD_MIN_SEGMENTS`) without one, they become steps of their own.
 * ``api``: ``trainmedic.step()``; once called, the process's steps come from it only.
 
+An optimizer step inside a ``torch.compile`` region runs no hook: dynamo
+traces it (the post-step hook then tells :meth:`StepTracker.optimizer_compiled`),
+then runs it inside compiled code. The step being traced ends there; after
+that, while the lead optimizer is a compiled one, each outermost backward
+call (which dynamo always runs eagerly) ends a step - a step then reaches
+from one backward call's end to the next, and gradient accumulation inside
+the compiled region makes each micro-batch a step. Should its post-step hook
+run again (dynamo gave up compiling the region and runs it eagerly), steps
+end at the optimizer again.
+
 Time inside a step: *compute* is the host time inside outermost forward calls,
 backward calls and optimizer steps (nested regions counted once); *loader wait*
 is the time blocked in DataLoader ``__next__``. The step's ``data_wait`` is the
@@ -108,6 +118,7 @@ class StepTracker:
     """
 
     __slots__ = (
+        "_compiled",
         "_held",
         "_lead",
         "_nograd_history",
@@ -116,6 +127,7 @@ class StepTracker:
         "_region_t0",
         "_regions",
         "_seg",
+        "compiled_lead",
         "detail",
         "emit",
         "fetch_limit",
@@ -144,6 +156,9 @@ class StepTracker:
         self._phases: list[_Phase] = []
         self._lead: object | None = None
         self._others: dict[object, int] = {}
+        self._compiled: set[object] = set()
+        self.compiled_lead = False
+        """Whether the lead optimizer steps inside compiled code: backward calls end steps."""
         self._nograd_history: deque[int] = deque(maxlen=_EVAL_HISTORY)
         self.loader_since: float | None = None
         """When the current DataLoader ``__next__`` began, or ``None`` outside one
@@ -200,6 +215,8 @@ class StepTracker:
         self._phases = []
         self._lead = None
         self._others = {}
+        self._compiled = set()
+        self.compiled_lead = False
         self._nograd_history.clear()
         self.loader_since = None
         self.outside_since = None
@@ -412,6 +429,12 @@ class StepTracker:
                 if "optimizer" in regions:
                     return  # a nested optimizer step
         # else: no region open - the pre-step hook is off (trainmedic.probe.detail)
+        if self.compiled_lead and optimizer == self._lead:
+            # Its hook runs again, so its step is no longer compiled: its steps end
+            # here from now on. This one already ended at its backward call.
+            self._compiled.discard(optimizer)
+            self.compiled_lead = False
+            return
         mode = self.mode
         if mode != "optimizer":
             if mode == "api":
@@ -429,9 +452,21 @@ class StepTracker:
                     self.wants_batch = self._seg.forward_samples is None
                     return
                 self._lead = optimizer
+                self.compiled_lead = False  # a lead whose hook runs is not compiled
         if self._others:
             self._others.clear()
         self._close(now, "optimizer")
+
+    def optimizer_compiled(self, now: float, optimizer: object) -> None:
+        """``torch.compile`` is tracing a step of ``optimizer`` (its post-step hook): the
+        step ends now, as its hook would have ended it; the optimizer's next steps run
+        in compiled code, without hooks. Dynamo may trace one region more than once
+        (a restart, a recompilation): only the first trace ends a step."""
+        if optimizer in self._compiled:
+            return
+        self.optimizer_exit(now, optimizer)
+        self._compiled.add(optimizer)
+        self.compiled_lead = self._lead in self._compiled
 
     def backward_enter(self, now: float) -> None:
         regions = self._regions
@@ -454,7 +489,11 @@ class StepTracker:
             if regions:
                 return
         mode = self.mode
-        if mode == "optimizer" or mode == "api":
+        if mode == "optimizer":
+            if self.compiled_lead:  # the lead's steps run in compiled code, unseen
+                self._close(now, "backward")
+            return
+        if mode == "api":
             return
         if mode == "backward":
             self._close(now, "backward")

@@ -16,21 +16,26 @@
 Every wrapper calls the original outside its own ``try`` blocks, so the job's
 exceptions and ``StopIteration`` pass through untouched; the probe's own
 errors disable the failing part (:mod:`trainmedic.probe.parts`). Under
-``torch.compile`` tracing the wrappers step aside, so they never cause graph
-breaks. Only the training thread's calls are timed.
+``torch.compile`` tracing the wrappers and the optimizer hooks step aside, so
+they never cause graph breaks; an optimizer step compiled into a graph is
+told to the step tracker while dynamo traces it
+(:meth:`~trainmedic.probe.steps.StepTracker.optimizer_compiled`). Only the
+training thread's calls are timed.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.probe import forward
 from trainmedic.probe.detail import DetailHook
-from trainmedic.probe.hookutil import batch_size
+from trainmedic.probe.hookutil import batch_size, compiling_reader, run_while_tracing
+from trainmedic.probe.importhook import when_imported
 from trainmedic.probe.steps import NO_FETCH_LIMIT
 
 if TYPE_CHECKING:
@@ -94,9 +99,21 @@ def _install_optimizer_hooks(
     part = probe.parts["steps"]
     clock = probe.clock
     state = probe.state
+    is_compiling = compiling_reader(torch)
+    modules = sys.modules
+
+    # ``is_compiling()`` first, as in the forward wrapper (trainmedic.probe.forward):
+    # dynamo folds it to a constant when it traces a compiled region that calls
+    # ``optimizer.step()``, where the thread test or the clock would break its graph
+    # (and fail a ``fullgraph=True`` compile), and reading the probe's state would
+    # add guards on it. The hooks are then absent from the compiled code.
 
     def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not part.on or _get_ident() != state.training_ident:
+        if (
+            ("torch._dynamo" in modules and is_compiling())
+            or not part.on
+            or _get_ident() != state.training_ident
+        ):
             return
         try:
             if part.fault:
@@ -105,7 +122,21 @@ def _install_optimizer_hooks(
         except Exception as exc:
             part.fail(exc)
 
+    @run_while_tracing
+    def step_compiled(optimizer: Any) -> None:
+        # While dynamo traces the post hook (see run_while_tracing): this step ends
+        # now, and the optimizer's next ones, compiled, end at backward calls.
+        if not part.on or _get_ident() != state.training_ident:
+            return
+        try:
+            tracker.optimizer_compiled(clock(), id(optimizer))
+        except Exception as exc:
+            part.fail(exc)
+
     def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if "torch._dynamo" in modules and is_compiling():
+            step_compiled(optimizer)
+            return
         if not part.on:
             return
         try:
@@ -159,7 +190,11 @@ def _install_backward(
     state = probe.state
 
     # No ``torch.compile`` test here: dynamo breaks its graph at ``backward()`` and
-    # runs it eagerly, so this wrapper never runs while compiling.
+    # runs it eagerly, and the wrapper must then time it (compiled steps end at
+    # backward calls). Left alone, dynamo would try to compile the wrapper's own
+    # frame when a compiled function's eager part calls it: the thread test breaks
+    # that graph (counted among the job's graph breaks) and an ``is_compiling()``
+    # test would compile the timing away. Dynamo is told to skip the frame instead.
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
         if not part.on or _get_ident() != state.training_ident:
@@ -190,8 +225,21 @@ def _install_backward(
 
     attach()
     probe.restore.append(detach)
+    when_imported("torch._dynamo", lambda dynamo: _never_traced(dynamo, backward))
     if probe.detail is not None:
         probe.detail.add(DetailHook("backward", attach, detach, any_thread=True))
+
+
+def _never_traced(dynamo: Any, fn: Any) -> None:
+    """Have dynamo run ``fn``'s frame as it is, never trying to compile it (its recursive
+    calls are dynamo's as usual), once dynamo is imported: the probe never imports it."""
+    skip_code = getattr(getattr(dynamo, "eval_frame", None), "skip_code", None)
+    if skip_code is None:
+        return  # an older dynamo: it breaks its graph in the frame once, then skips it
+    try:
+        skip_code(fn.__code__)
+    except Exception:
+        return  # runs inside the job's import of dynamo: never let it fail
 
 
 # --- DataLoaders ---------------------------------------------------------------------------------
