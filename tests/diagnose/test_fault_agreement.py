@@ -28,12 +28,19 @@ from trainmedic.resilience.classify import FailureClass, FailureEvidence, classi
 
 CATALOGUE = Path(__file__).resolve().parents[1] / "gpu" / "data" / "xid_catalogue.csv"
 BUS = "0000:3b:00.0"
-CODES = [*range(1, faults.XID_CATALOGUE_LAST + 1), 163, 200]  # and two the catalogue lacks
+CODES = [*range(1, faults.XID_CATALOGUE_LAST + 1), 173, 200]  # and two the catalogue lacks
 STATED_154 = {
     "0x0 (None)": faults.XidAction.IGNORE,
     "0x1 (GPU Reset Required)": faults.XidAction.RESET_GPU,
     "0x2 (Node Reboot Required)": faults.XidAction.DRAIN_NODE,
+    "0x3 (Drain P2P)": faults.XidAction.RESET_GPU,
     "0x4 (Drain and Reset)": faults.XidAction.RESET_GPU,
+    # NVML 595 and 615 (nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_*); the texts in
+    # parentheses are ours, only the number is read.
+    "0x5 (Recover IMEX Domain)": faults.XidAction.DRAIN_NODE,
+    "0x6 (Bus Reset)": faults.XidAction.RESET_GPU,
+    "0x7 (System Reboot)": faults.XidAction.DRAIN_NODE,
+    "0x9 (a value NVML does not define yet)": faults.XidAction.RESET_GPU,
 }
 
 
@@ -83,11 +90,39 @@ def classify(line: str, **kw: Any) -> Any:
 def test_the_xid_table_is_nvidias_catalogue() -> None:
     rows = catalogue()
     assert [int(r["code"]) for r in rows] == list(range(1, faults.XID_CATALOGUE_LAST + 1))
+    no_action = set()
     for row in rows:
         code, bucket = int(row["code"]), row["immediate_action"]
+        if not bucket:  # listed without an immediate action
+            no_action.add(code)
+            bucket = faults.INFERRED_BUCKET.get(code, faults.NO_ACTION_LISTED)
         assert faults.XID_BUCKET[code] == bucket, code
         if bucket != "XID_154":
             assert faults.xid_verdict(code).action is faults.BUCKET_ACTION[bucket], code
+    # Only codes the catalogue leaves without an action are judged by their description.
+    assert set(faults.INFERRED_BUCKET) <= no_action
+    assert set(faults.XID_BUCKET) == set(range(1, faults.XID_CATALOGUE_LAST + 1))
+
+
+def test_the_catalogue_edition_is_named() -> None:
+    assert "analyzing-xid-catalog" in faults.XID_CATALOGUE_VERSION
+    assert "1-172" in faults.XID_CATALOGUE_VERSION
+    with CATALOGUE.open(encoding="utf-8") as f:
+        assert "XID_CATALOGUE_VERSION" in f.read()
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [
+        (108, "NVLink remote translation error"),
+        (167, "PCIe fatal timeout"),
+        (169, "internal micro-controller halt (SEC2)"),
+        (171, "uncorrectable DRAM error (detail of an Xid 48)"),
+        (172, "uncorrectable SRAM error (detail of an Xid 48)"),
+    ],
+)
+def test_new_codes_have_their_meanings(code: int, meaning: str) -> None:
+    assert faults.xid_verdict(code).meaning == meaning
 
 
 @pytest.mark.parametrize(
@@ -104,6 +139,15 @@ def test_the_xid_table_is_nvidias_catalogue() -> None:
         (79, faults.XidAction.DRAIN_NODE, True),  # fallen off the bus: restart bare metal
         (13, faults.XidAction.RESTART_APP, False),
         (31, faults.XidAction.RESTART_APP, False),
+        (108, faults.XidAction.IGNORE, False),  # NVLink remote translation error
+        (160, faults.XidAction.IGNORE, False),  # channel retirement event
+        # H100/H200 codes the catalogue lists with no action, judged by their description:
+        (167, faults.XidAction.RESET_GPU, True),  # PCIe fatal timeout, like 158
+        (169, faults.XidAction.RESET_GPU, True),  # SEC2 halt, like 62 (PMU halt)
+        (171, faults.XidAction.RESET_GPU, True),  # uncorrectable DRAM: the Xid 48 workflow
+        (172, faults.XidAction.RESET_GPU, True),  # uncorrectable SRAM: the Xid 48 workflow
+        (162, faults.XidAction.UNKNOWN, False),  # power smoothing re-engaged: no action listed
+        (173, faults.XidAction.UNKNOWN, False),  # beyond the catalogue
         (200, faults.XidAction.UNKNOWN, False),
     ],
 )

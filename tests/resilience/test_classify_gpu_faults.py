@@ -144,3 +144,44 @@ def test_oom_on_a_mig_instance_names_its_gpu() -> None:
         1, oom, gpus=(MACHINE[0], mig), visible_devices="MIG-5a5a5a5a-0000"
     )
     assert classify_failure(ev).details["gpu_index"] == 1
+
+
+LAUNCH_FAILURE = "RuntimeError: CUDA error: unspecified launch failure"
+# Xid 48 with its newer detail (Xid 172, the driver's GSP-RISCV message) on an H100.
+XID_48 = "NVRM: Xid (PCI:0000:41:00): 48, pid=2451, name=python3, An uncorrectable ECC error has been detected on GPU in GSP-RISCV"  # noqa: E501
+XID_172 = "NVRM: Xid (PCI:0000:41:00): 172, pid='<unknown>', name=<unknown>, GSP-RISCV, Uncorrectable SRAM error"  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0000:41:00): 167, pid='<unknown>', name=<unknown>, PCIE_FATAL_TIMEOUT",
+        "NVRM: Xid (PCI:0000:41:00): 169, pid='<unknown>', name=<unknown>, SEC2 halted",
+        "NVRM: Xid (PCI:0000:41:00): 171, pid=2451, name=python3, Uncorrectable DRAM error",
+        XID_172,
+    ],
+)
+def test_the_h100_codes_past_162_are_hardware_faults(line: str) -> None:
+    c = classify_failure(evidence(line, stderr=LAUNCH_FAILURE))
+    assert c.category is Category.HARDWARE_FAULT
+    assert c.details["xid_action"] == "reset_gpu" and c.details["hardware"] is True
+    assert str(c.gpu) == "gpu1"
+    (remedy,) = plan_remedies(c, {}, gpus=[g.ref for g in MACHINE])
+    assert remedy.name == "exclude_gpu"
+
+
+def test_xid_154_asking_for_a_system_reboot_drains_the_node() -> None:
+    reboot = (
+        "NVRM: Xid (PCI:0000:41:00): 154, GPU recovery action changed from 0x0 (None) to 0x7 "
+        "(System Reboot Required)"
+    )
+    c = classify_failure(evidence(XID_48, XID_172, reboot))
+    # The driver's own action (a reboot) outranks the GPU reset the Xid 48 workflow asks for.
+    assert c.details["xid"] == 154 and c.details["xid_action"] == "drain_node"
+    assert "Drain the node" in classification_to_finding(c).fix
+
+
+def test_a_channel_retirement_event_does_not_explain_a_crash() -> None:
+    line = "NVRM: Xid (PCI:0000:41:00): 160, pid=2451, name=python3, Channel retirement event"
+    c = classify_failure(evidence(line, stderr=LAUNCH_FAILURE))
+    assert c.category is not Category.HARDWARE_FAULT and "xid" not in c.details

@@ -7,13 +7,17 @@ reason and every out-of-memory message.
 
 * **Xids** are classified by the immediate action of NVIDIA's Xid catalogue
   (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Ampere and
-  newer): restart the application, reset the GPU, drain the node (reboot it or
-  have it serviced), or ignore. Xid 154 carries the driver's own recovery
-  action in its message, which decides. :func:`parse_xid_line` reads kernel
-  log lines, MIG ones (``Xid (PCI:0000:01:00 GPU-I:05): 94, ...``) included.
+  newer; the edition in :data:`XID_CATALOGUE_VERSION`): restart the
+  application, reset the GPU, drain the node (reboot it or have it serviced),
+  or ignore. Xid 154 carries the driver's own recovery action in its message,
+  which decides. :func:`parse_xid_line` reads kernel log lines, MIG ones
+  (``Xid (PCI:0000:01:00 GPU-I:05): 94, ...``) included.
 * **Clock event reasons** (NVML's bitmask): which bits slow a GPU that works,
   under which thresholds, and the fix for each (:func:`active_reasons`).
 * **Out-of-memory messages** of CUDA and torch (:func:`parse_cuda_oom`).
+* **Fabric Manager down**: CUDA error 802 (``cudaErrorSystemNotReady``,
+  "system not yet initialized"), what CUDA says on an NVSwitch machine whose
+  Fabric Manager is not running (:func:`is_fabric_manager_down`).
 
 Levels are finding severities as plain strings (``"error"``, ``"warning"``,
 ``"info"``): this layer sits below the finding model.
@@ -44,31 +48,56 @@ class XidAction(str, Enum):
         return self.value
 
 
-#: The catalogue's "Resolution Bucket (Immediate Action)" column, code by code
-#: (1-162). Codes not listed here are UNEXPECTED_ERR_REPORT_ISSUE (contact
-#: NVIDIA support); 154 takes the action named in its message.
+XID_CATALOGUE_VERSION = (
+    "NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html and "
+    "Xid-Catalog.xlsx), the edition listing codes 1-172, its newest rows for CUDA 12.9 / "
+    "driver R575"
+)
+"""The edition of the catalogue the table follows (the page carries no date or
+version of its own: its last code and newest driver name it)."""
+XID_CATALOGUE_LAST = 172
+"""The highest code the catalogue lists; higher codes are :attr:`XidAction.UNKNOWN`."""
+
+#: The catalogue's "Resolution Bucket (Immediate Action)" column, code by code.
+#: Codes up to 161 not listed here are CONTACT_SUPPORT (unused codes and 142);
+#: 154 takes the action named in its message.
 _BUCKET_CODES = {
     "RESTART_APP": "8,11,13,25,31,32,39-41,60,68-72,75-77,80,82-86,88,89,94,96-105,126-135,139",
-    "IGNORE": "14,37,38,43,44,63,66,67,92,93,106,107,121,137,141,152,153,157,161",
-    "RESET_GPU": "46,62,64,95,109,110,119,120,136,140,143,155,156,158,162",
+    "IGNORE": "14,37,38,43,44,63,66,67,92,93,106-108,121,137,141,152,153,157,160,161",
+    "RESET_GPU": "46,62,64,95,109,110,119,120,136,140,143,155,156,158",
     "WORKFLOW_XID_45": "45",
     "WORKFLOW_XID_48": "48",
     "WORKFLOW_NVLINK_ERR": "74",
     "WORKFLOW_NVLINK5_ERR": "144-150",
-    "RESTART_BM": "79,160",
+    "RESTART_BM": "79",
     "RESTART_VM": "151",
     "CHECK_MECHANICALS": "54",
     "UPDATE_SWFW": "78",
     "CHECK_UVM": "159",
     "XID_154": "154",
 }
-XID_CATALOGUE_LAST = 162
-"""The highest code the catalogue lists."""
+#: Codes 162-172 have an empty immediate-action column in this edition. Four of
+#: them reach H100/H200 and end jobs (issue 21, defect 4), so they are judged
+#: by the catalogue's own description of them: like the listed code it names
+#: (171, 172) or describes alike (167, 169). The table test checks that only
+#: codes with an empty column are judged this way.
+INFERRED_BUCKET = {
+    167: "RESET_GPU",  # PCIE_FATAL_TIMEOUT: a fatal timeout, as 158 (GPU_FATAL_TIMEOUT)
+    169: "RESET_GPU",  # SEC2_HALT_ERROR, "internal micro-controller halt", as 62 (PMU halt)
+    171: "WORKFLOW_XID_48",  # UNCORRECTABLE_DRAM_ERROR: "additional to Xid 48"
+    172: "WORKFLOW_XID_48",  # UNCORRECTABLE_SRAM_ERROR: "additional to Xid 48"
+}
+NO_ACTION_LISTED = "NO_ACTION_LISTED"
+"""The bucket of the other codes listed without an action: power-smoothing
+events (162-165), confidential-computing-only codes (166, 170) and 168 (errors
+in the write-protected region, with ECC off). They are known, but the catalogue
+says nothing to do, so their action is :attr:`XidAction.UNKNOWN`."""
 
 #: Bucket -> action. The workflows of Xid 45 (cleanup after another error) and
 #: CHECK_UVM end in restarting the application; those of Xid 48 and NVLink
 #: errors in a GPU reset; bare-metal or VM restarts, support cases, mechanical
-#: checks and firmware updates all take the node out of service.
+#: checks and firmware updates all take the node out of service. A code listed
+#: without an action is known but not judged.
 BUCKET_ACTION = {
     "IGNORE": XidAction.IGNORE,
     "RESTART_APP": XidAction.RESTART_APP,
@@ -80,9 +109,10 @@ BUCKET_ACTION = {
     "WORKFLOW_NVLINK5_ERR": XidAction.RESET_GPU,
     "RESTART_BM": XidAction.DRAIN_NODE,
     "RESTART_VM": XidAction.DRAIN_NODE,
-    "UNEXPECTED_ERR_REPORT_ISSUE": XidAction.DRAIN_NODE,
+    "CONTACT_SUPPORT": XidAction.DRAIN_NODE,
     "CHECK_MECHANICALS": XidAction.DRAIN_NODE,
     "UPDATE_SWFW": XidAction.DRAIN_NODE,
+    NO_ACTION_LISTED: XidAction.UNKNOWN,
 }
 
 #: What the common codes mean (the catalogue's descriptions, shortened).
@@ -107,6 +137,7 @@ _MEANINGS = {
     93: "inforom erase limit exceeded",
     94: "contained ECC error (only the application that touched it was stopped)",
     95: "uncontained ECC error",
+    108: "NVLink remote translation error",
     109: "context switch timeout",
     110: "security fault",
     119: "GSP RPC timeout",
@@ -123,6 +154,18 @@ _MEANINGS = {
     158: "GPU fatal timeout",
     159: "CHI non-data error",
     160: "channel retirement event",
+    161: "channel retirement failure",
+    162: "power smoothing circuitry re-engaged",
+    163: "power smoothing circuitry disengaged",
+    164: "power smoothing circuitry near the end of its lifetime",
+    165: "power smoothing circuitry lifetime exhausted",
+    166: "confidential-computing traffic before the NVLink was set up for encryption",
+    167: "PCIe fatal timeout",
+    168: "reduced GPU memory capacity (errors in the write-protected region)",
+    169: "internal micro-controller halt (SEC2)",
+    170: "NVLink interrupt in confidential-computing mode",
+    171: "uncorrectable DRAM error (detail of an Xid 48)",
+    172: "uncorrectable SRAM error (detail of an Xid 48)",
 }
 for _code in range(144, 151):
     _MEANINGS[_code] = "NVLink error"
@@ -131,13 +174,20 @@ HARDWARE_RESTART_CODES = frozenset({94})
 """RESTART_APP codes that point at the GPU's memory rather than the program: the
 job failed because of the hardware, yet the GPU stays usable."""
 
-#: Xid 154's "recovery action changed ... to 0xN (...)" values (nvmlDeviceGpuRecoveryAction_t).
+#: Xid 154's "recovery action changed ... to 0xN (...)" values: NVML's
+#: nvmlDeviceGpuRecoveryAction_t (nvidia-ml-py 13.615: 5 came with NVML 595,
+#: 6 and 7 with NVML 615). A value not listed here is read as a GPU reset.
 _RECOVERY_ACTION = {
-    0: XidAction.IGNORE,  # none needed
-    1: XidAction.RESET_GPU,  # GPU reset
-    2: XidAction.DRAIN_NODE,  # node reboot
-    3: XidAction.RESET_GPU,  # drain peer-to-peer traffic, then reset
-    4: XidAction.RESET_GPU,  # drain and reset
+    0: XidAction.IGNORE,  # NONE: no action needed
+    1: XidAction.RESET_GPU,  # GPU_RESET
+    2: XidAction.DRAIN_NODE,  # NODE_REBOOT
+    3: XidAction.RESET_GPU,  # DRAIN_P2P: drain peer-to-peer traffic, then reset
+    4: XidAction.RESET_GPU,  # DRAIN_AND_RESET
+    # RECOVER_IMEX_DOMAIN: the multi-node NVLink (IMEX) domain must be recovered, which
+    # no reset of this one GPU does: the job must leave the node until it is.
+    5: XidAction.DRAIN_NODE,
+    6: XidAction.RESET_GPU,  # BUS_RESET: reset the GPU's PCIe bus
+    7: XidAction.DRAIN_NODE,  # SYSTEM_REBOOT: reboot the system
 }
 _RECOVERY_RE = re.compile(r"recovery action changed from 0x[0-9a-f]+.*? to 0x([0-9a-f]+)", re.I)
 
@@ -153,8 +203,9 @@ def _expand(ranges: str) -> list[int]:
 XID_BUCKET: dict[int, str] = {
     code: bucket for bucket, ranges in _BUCKET_CODES.items() for code in _expand(ranges)
 }
+XID_BUCKET.update(INFERRED_BUCKET)
 for _code in range(1, XID_CATALOGUE_LAST + 1):
-    XID_BUCKET.setdefault(_code, "UNEXPECTED_ERR_REPORT_ISSUE")
+    XID_BUCKET.setdefault(_code, "CONTACT_SUPPORT" if _code < 162 else NO_ACTION_LISTED)
 
 
 @dataclass(frozen=True)
@@ -497,3 +548,39 @@ def parse_cuda_oom(text: str) -> dict[str, Any]:
     if m := _OOM_ALLOCATED_RE.search(text):
         out["allocated_bytes"] = _bytes(m[1], m[2])
     return out
+
+
+# ----------------------------------------------------------------------- fabric manager
+
+FABRIC_MANAGER_DOWN_RE = re.compile(
+    r"cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY"
+    # "Error 802: system not yet initialized", "CUDA error: system not yet initialized",
+    # ggml's "failed to initialize CUDA: system not yet initialized"; other programs
+    # (a logging library) say "system not yet initialized" too, so CUDA, NCCL or the
+    # code must come first on the line.
+    r"|(?:cuda|nccl|\b802\b).*system not yet initiali[sz]ed"
+    # "cuda runtime error (802)", "cudaGetDeviceCount returned 802", "code=802(",
+    # "CUDA initialization failure with error: 802": 802 as the error's code, not any
+    # number on a line that mentions CUDA ("step 802 on cuda:0").
+    r"|cuda.*\b(?:error|returned|code)\W{0,3}802\b",
+    re.IGNORECASE,
+)
+"""A line with CUDA error 802 (``cudaErrorSystemNotReady``, "system not yet
+initialized"): on an NVSwitch machine, CUDA refusing to start because the
+Fabric Manager is not running."""
+
+FABRIC_MANAGER_FIX = (
+    "CUDA cannot start on this machine (error 802, cudaErrorSystemNotReady): on NVSwitch "
+    "machines (HGX, DGX) CUDA waits until the Fabric Manager has set up the NVLink fabric. "
+    "Check it with systemctl status nvidia-fabricmanager (and journalctl -u "
+    "nvidia-fabricmanager for why it stopped); start it with sudo systemctl start "
+    "nvidia-fabricmanager and enable it at boot (sudo systemctl enable nvidia-fabricmanager); "
+    "its version must match the driver's (nvidia-smi). Until it runs, every GPU of the node "
+    "fails the same way: run the job on another machine."
+)
+"""What to do when :func:`is_fabric_manager_down` (doctor's fabric check may share it)."""
+
+
+def is_fabric_manager_down(text: str) -> bool:
+    """Whether ``text`` (a line) reports CUDA error 802, the Fabric Manager not running."""
+    return FABRIC_MANAGER_DOWN_RE.search(text) is not None

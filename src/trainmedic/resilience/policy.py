@@ -39,6 +39,7 @@ from trainmedic.resilience.retries import (
     retry_at_most,
     retry_if_class,
     retry_unless_class,
+    retry_unless_node_fault,
     retry_unless_own_exit,
 )
 from trainmedic.resilience.stops import (
@@ -82,6 +83,7 @@ __all__ = [
     "retry_at_most",
     "retry_if_class",
     "retry_unless_class",
+    "retry_unless_node_fault",
     "retry_unless_own_exit",
     "stop_after_failures_without_progress",
     "stop_after_restarts",
@@ -196,11 +198,20 @@ class RestartPolicy:
 
 
 def default_retry(retry_on_exception: bool = False) -> RetryStrategy:
-    """Everything but a bug, a bad command, an outside stop and a program's own
-    non-zero exit; ``retry_on_exception`` restarts after the last two as well."""
+    """Everything but a bug, a bad command, an outside stop, a program's own
+    non-zero exit and a fault of the machine no attempt on it escapes
+    (``node_fault``); ``retry_on_exception`` restarts after a bug and an own
+    exit as well."""
     if retry_on_exception:
-        return retry_unless_class(FailureClass.BAD_COMMAND, FailureClass.PREEMPTED)
-    return retry_unless_class(*NOT_RETRIED_BY_DEFAULT) & retry_unless_own_exit()
+        return (
+            retry_unless_class(FailureClass.BAD_COMMAND, FailureClass.PREEMPTED)
+            & retry_unless_node_fault()
+        )
+    return (
+        retry_unless_class(*NOT_RETRIED_BY_DEFAULT)
+        & retry_unless_own_exit()
+        & retry_unless_node_fault()
+    )
 
 
 def default_policy(
@@ -216,9 +227,10 @@ def default_policy(
     """The policy of ``trainmedic run``: up to ``max_restarts`` (3) failures in a row
     without progress, an optional total cap and time budget, no restart after a bug,
     a bad command, an outside stop or a program's own non-zero exit (unless
-    ``retry_on_exception``); the first restart of a streak at once (with up to
-    0.5 s of jitter), then ``backoff_s`` (5 s) doubling to 120 s plus jitter, from
-    the first failure on when the cause lies outside the job; cause-aware remedies."""
+    ``retry_on_exception``), nor after a fault of the machine (``node_fault``); the
+    first restart of a streak at once (with up to 0.5 s of jitter), then
+    ``backoff_s`` (5 s) doubling to 120 s plus jitter, from the first failure on
+    when the cause lies outside the job; cause-aware remedies."""
     return RestartPolicy(
         stop=default_stop(max_restarts, max_total_s, max_total_restarts),
         retry=default_retry(retry_on_exception),

@@ -107,6 +107,21 @@ class retry_unless_own_exit(RetryStrategy):
         return "retry_unless_own_exit()"
 
 
+class retry_unless_node_fault(RetryStrategy):
+    """No restart after a fault of the machine that every attempt on it meets
+    again and no remedy of ours changes: the classification's ``node_fault``
+    detail (CUDA error 802, the NVSwitch Fabric Manager not running). The job
+    belongs on another machine, or this one needs fixing first. Every other
+    failure passes; a GPU's own fault does not count (its remedy leaves the GPU
+    out)."""
+
+    def __call__(self, state: RestartState, c: Classification) -> bool:
+        return not c.details.get("node_fault")
+
+    def describe(self) -> str:
+        return "retry_unless_node_fault()"
+
+
 def is_own_exit(c: Classification) -> bool:
     """An ``unknown`` failure that is only a non-zero exit status (see
     :class:`retry_unless_own_exit`)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.gpu_faults import mig_finding
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
 
 _GIB = float(1 << 30)
@@ -165,16 +166,6 @@ def check_persistence_mode(facts: MachineFacts) -> list[Finding]:
     ]
 
 
-_FABRIC_MANAGER_FIX = (
-    "Start NVIDIA Fabric Manager and make it start at boot: sudo systemctl enable --now "
-    "nvidia-fabricmanager (its version must match the driver's exactly: "
-    "nvidia-smi and `nv-fabricmanager --version`); check `systemctl status "
-    "nvidia-fabricmanager` and /var/log/fabricmanager.log for why it stopped. On a rented "
-    "machine, ask the provider: until it runs, every CUDA program on this machine fails to "
-    "start with CUDA error 802 ('system not yet initialized')."
-)
-
-
 def check_fabric(facts: MachineFacts) -> list[Finding]:
     """GPUs of an NVSwitch machine (HGX) not registered with the NVLink fabric.
 
@@ -209,9 +200,9 @@ def check_fabric(facts: MachineFacts) -> list[Finding]:
     }
     for key, gpus in by_state.items():
         severity, finding_id, title = titles[key]
-        fix = _FABRIC_MANAGER_FIX
+        fix = faults.FABRIC_MANAGER_FIX  # the failure classifier's fix for error 802 too
         if key == "in_progress":
-            fix = "Wait a minute and run doctor again; if it stays so, " + fix[0].lower() + fix[1:]
+            fix = "Wait a minute and run doctor again. If it stays so: " + fix
         out.append(
             Finding(
                 id=finding_id,

@@ -17,7 +17,8 @@ How the evidence is weighed (docs/restarts.md, "Failure classes"):
 4. A specific message (CUDA OOM, collective timeout, DataLoader worker death,
    host allocation failure, CUDA error) in the earliest error file, else the
    earliest such line in stderr: the earliest failure is the root cause,
-   later ones are other ranks reacting to it.
+   later ones are other ranks reacting to it. CUDA error 802 (the Fabric
+   Manager not running) is a ``CUDA_ERROR`` of the machine (``node_fault``).
 5. Hardware Xid / ECC evidence with no specific message: ``CUDA_ERROR``.
 6. The exit signal: SIGKILL with OOM-killer evidence is ``HOST_OOM_KILL``;
    SIGTERM/SIGINT/SIGHUP ``PREEMPTED``; SIGSEGV/SIGBUS/SIGILL/SIGFPE

@@ -68,9 +68,11 @@ def _classify(evidence: FailureEvidence) -> Classification:
         return hang(base, evidence, specific)
 
     if specific is not None:
-        if hardware is not None and specific.failure_class in (
-            FailureClass.CUDA_ERROR,
-            FailureClass.COLLECTIVE_TIMEOUT,
+        # A machine that cannot start CUDA at all (node_fault) is not explained by one GPU.
+        if (
+            hardware is not None
+            and specific.failure_class in (FailureClass.CUDA_ERROR, FailureClass.COLLECTIVE_TIMEOUT)
+            and not specific.details.get("node_fault")
         ):
             return with_hardware(base, specific, hardware, specific.why)
         return specific

@@ -94,6 +94,11 @@ _LEAVE_OUT = (
 )
 
 
+_NOT_HERE = (
+    " trainmedic does not restart it on this machine: every attempt here would fail the same way."
+)
+
+
 def _fix(c: Classification) -> str:
     d = c.details
     if c.failure_class is FailureClass.HANG and d.get("source"):
@@ -115,6 +120,8 @@ def _fix(c: Classification) -> str:
         if cause == "killed":
             return FIXES[FailureClass.HOST_OOM_KILL]
     if c.failure_class is FailureClass.CUDA_ERROR:
+        if d.get("cause") == "fabric_manager":
+            return faults.FABRIC_MANAGER_FIX + _NOT_HERE
         xid = d.get("xid")
         if isinstance(xid, int) and c.category is Category.HARDWARE_FAULT:
             fix = faults.xid_verdict(xid, str(d.get("xid_detail", ""))).fix

@@ -1,6 +1,7 @@
 """Matchers of specific failure messages (GPU OOM, collective timeout,
-DataLoader worker death, host allocation failure, CUDA error): the earliest
-line that names one decides, with the measured values it carries."""
+DataLoader worker death, host allocation failure, the Fabric Manager down, CUDA
+error): the earliest line that names one decides, with the measured values it
+carries."""
 
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def specific_from_lines(
             return _worker_died(base, lines, i, evidence)
         if HOST_ALLOC_RE.search(line):
             return _host_alloc(base, lines, i)
+        if faults.is_fabric_manager_down(line):
+            return _fabric_manager_down(base, lines, i)
         if CUDA_ERROR_RE.search(line):
             return _cuda_error(base, lines, i)
         if m := LOADER_TIMEOUT_RE.search(line):
@@ -232,6 +235,26 @@ def _host_alloc(base: Base, lines: Sequence[str], i: int) -> Classification:
         context(lines, i, 1),
         location=last_frame(lines[:i]),
         details=details,
+    )
+
+
+def _fabric_manager_down(base: Base, lines: Sequence[str], i: int) -> Classification:
+    # A fault of the machine, not of the job or of one GPU: leaving a GPU out does not
+    # help, and an attempt on this node fails the same way until the service runs.
+    return base.make(
+        FailureClass.CUDA_ERROR,
+        Category.DRIVER,
+        "high",
+        "CUDA could not start (error 802, system not yet initialized): the machine is not "
+        "ready for CUDA, on an NVSwitch machine because its Fabric Manager is not running",
+        context(lines, i, 1),
+        location=last_frame(lines[:i]),
+        details={
+            "error": "system not yet initialized",
+            "cuda_error_code": 802,
+            "cause": "fabric_manager",
+            "node_fault": True,
+        },
     )
 
 
