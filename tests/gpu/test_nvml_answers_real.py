@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from unittest import mock
 
 import pytest
 
@@ -67,12 +68,23 @@ def test_a_reading_without_the_throughput_window_is_fast() -> None:
     backend = _open()
     try:
         backend.sample(0)  # the first reading may ask the throughput query
-        started = time.perf_counter()
-        backend.sample(0)
-        cost = time.perf_counter() - started
+        asked: list[object] = []
+        ask = backend._nvml.nvmlDeviceGetPcieThroughput
+
+        def counted(*args: object) -> object:
+            asked.append(args)
+            return ask(*args)
+
+        with mock.patch.object(backend._nvml, "nvmlDeviceGetPcieThroughput", counted):
+            started = time.perf_counter()
+            backend.sample(0)
+            cost = time.perf_counter() - started
         print(f"one GPU reading: {cost * 1e3:.1f} ms")
-        # With the counters, or the fallback within its period, no 2 x 20 ms window.
-        assert cost < 0.040
+        # With the counters, or the fallback within its period, no 2 x 20 ms window: the
+        # throughput query is not asked. Its cost is the machine's (a VM's NVML calls can
+        # take milliseconds each), bounded here only against a reading that hangs.
+        assert asked == []
+        assert cost < 1.0
     finally:
         backend.close()
 

@@ -1,9 +1,18 @@
 """The remedies on a real GPU: a real CUDA out-of-memory error split into micro-batches, the
-batch-size finder's CUDA peaks, fp16 with a GradScaler, and the torch switches applied."""
+batch-size finder's CUDA peaks, fp16 with a GradScaler, and the torch switches applied.
+
+The memory tests are sized from the memory they may use (``usable_bytes``): what is free
+once the earlier tests' cached blocks are released, and at most ``USABLE_BYTES``, the rest
+held by a ballast tensor. So "too large" is too large on any GPU, the out-of-memory error
+is the driver's own (a failed ``cudaMalloc``, not a limit of torch's), and each test takes
+seconds on a 141 GB GPU too.
+"""
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,8 +21,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():  # pragma: no cover - a GPU machine always has it
-    pytest.skip("no CUDA device", allow_module_level=True)
+# Without a usable GPU, tests/conftest.py skips these (or fails them under gpu-check).
 
 from torch import nn  # noqa: E402
 
@@ -25,21 +33,52 @@ from trainmedic.remedies import (  # noqa: E402
     find_batch_size,
 )
 
+USABLE_BYTES = 6 << 30  # the most GPU memory a test is sized from
+BALLAST_MIN_BYTES = 1 << 30  # less spare than this is left free
+WIDTH = 4096
+BYTES_PER_ROW = WIDTH * 4 * 3  # three activations of WIDTH floats per sample
 
-def oversized_batch() -> tuple[nn.Module, torch.Tensor, torch.Tensor, int]:
-    """A model and a batch whose activations need about 3x the free GPU memory."""
+
+def release_cached_memory() -> None:
+    """Return to the driver what torch's allocator keeps cached (earlier tests' blocks)."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def usable_bytes() -> Iterator[int]:
+    """GPU memory the test can use, in bytes: the rest is held until the test ends."""
+    release_cached_memory()
     free, _ = torch.cuda.mem_get_info()
-    width = 4096
-    n = max(64, int(3 * free // (width * 4 * 3)))  # three activations of n x width floats
+    ballast = None
+    if free - USABLE_BYTES >= BALLAST_MIN_BYTES:
+        try:
+            ballast = torch.empty(free - USABLE_BYTES, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError:  # not in one piece: sized from all that is free
+            release_cached_memory()
+        else:
+            torch.cuda.synchronize()
+        free, _ = torch.cuda.mem_get_info()
+    try:
+        yield free
+    finally:
+        del ballast
+        release_cached_memory()
+
+
+def oversized_batch(usable: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, int]:
+    """A model and a batch whose activations need about 3x the usable GPU memory."""
+    n = max(64, 3 * usable // BYTES_PER_ROW)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)).cuda()
+    model = nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10)).cuda()
     x = torch.randn(n, 64, device="cuda")
     y = torch.randint(0, 10, (n,), device="cuda")
     return model, x, y, n
 
 
-def test_a_real_cuda_out_of_memory_completes_through_micro_batches() -> None:
-    model, x, y, n = oversized_batch()
+def test_a_real_cuda_out_of_memory_completes_through_micro_batches(usable_bytes: int) -> None:
+    model, x, y, n = oversized_batch(usable_bytes)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     step = MicroBatchStep(
         lambda b: nn.functional.cross_entropy(model(b[0]), b[1]), opt, model=model, environ={}
@@ -57,8 +96,8 @@ def test_a_real_cuda_out_of_memory_completes_through_micro_batches() -> None:
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_fp16_with_a_grad_scaler_splits_too() -> None:
-    model, x, y, _ = oversized_batch()
+def test_fp16_with_a_grad_scaler_splits_too(usable_bytes: int) -> None:
+    model, x, y, n = oversized_batch(usable_bytes)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cuda")
 
@@ -68,20 +107,26 @@ def test_fp16_with_a_grad_scaler_splits_too() -> None:
 
     step = MicroBatchStep(loss_fn, opt, model=model, scaler=scaler, environ={})
     loss = step((x, y))
-    assert torch.isfinite(loss) and step.micro_batch_size is not None
+    assert torch.isfinite(loss)
+    assert step.history[0].ok is False
+    assert step.micro_batch_size is not None and step.micro_batch_size < n
 
 
-def test_the_batch_size_finder_finds_a_limit_and_reports_cuda_peaks() -> None:
-    free, _ = torch.cuda.mem_get_info()
-    width = 4096
-    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)).cuda()
-    limit = int(free // (width * 4 * 3))
+def test_the_batch_size_finder_finds_a_limit_and_reports_cuda_peaks(usable_bytes: int) -> None:
+    model = nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10)).cuda()
+    limit = usable_bytes // BYTES_PER_ROW
     result = find_batch_size(
         model, lambda k: torch.randn(k, 64, device="cuda"), max_size=4 * limit, repeats=1
     )
     assert result.first_failure is not None
     assert result.largest_fit < result.first_failure <= 4 * limit
     assert all(t.peak_bytes for t in result.trials if t.fits)
+    # The peaks grow with the size: the largest fit held at least one more activation
+    # of WIDTH floats per sample than the smallest (the ballast is in both).
+    fits = sorted((t for t in result.trials if t.fits), key=lambda t: t.size)
+    small, large = fits[0], fits[-1]
+    assert large.peak_bytes is not None and small.peak_bytes is not None
+    assert large.peak_bytes - small.peak_bytes >= (large.size - small.size) * WIDTH * 4
 
 
 def test_the_mixed_precision_check_runs_fp16_and_bf16_where_supported() -> None:
