@@ -281,25 +281,25 @@ class NvmlBackend:
                 # The handle of a lost GPU is stale; a reset GPU gets a new one.
                 self._handles.pop(index, None)
                 self._pcie_counts.pop(index, None)
-                name, uuid, pci = self._identity.get(index, (None, None, None))
-                return GpuSample(
-                    timestamp=time.time(),
-                    index=index,
-                    name=name or f"GPU {index}",
-                    uuid=uuid,
-                    pci_bus_id=pci,
-                    unreachable=str(lost),
-                )
+                return self._identity_only(index, unreachable=str(lost))
             except _Refused as refused:
-                name, uuid, pci = self._identity.get(index, (None, None, None))
-                return GpuSample(
-                    timestamp=time.time(),
-                    index=index,
-                    name=name or f"GPU {index}",
-                    uuid=uuid,
-                    pci_bus_id=pci,
-                    unavailable=f"every reading: the driver gives no handle ({refused})",
-                )
+                why = f"every reading: the driver gives no handle ({refused})"
+                return self._identity_only(index, unavailable=why)
+
+    def _identity_only(
+        self, index: int, unreachable: str | None = None, unavailable: str | None = None
+    ) -> GpuSample:
+        """A reading with nothing read: only the identities read earlier, never made up."""
+        name, uuid, pci = self._identity.get(index, (None, None, None))
+        return GpuSample(
+            timestamp=time.time(),
+            index=index,
+            name=name or f"GPU {index}",
+            uuid=uuid,
+            pci_bus_id=pci,
+            unreachable=unreachable,
+            unavailable=unavailable,
+        )
 
     def _read(self, index: int) -> GpuSample:
         n = self._nvml

@@ -89,13 +89,7 @@ _GPU_TEXTS = (
     "fabric",
 )
 _GPU_SCALARS = (
-    "name",
-    "uuid",
-    "pci_bus_id",
-    "processes_unreadable",
-    "unreachable",
-    "unavailable",
-    "fabric",
+    *_GPU_TEXTS,
     "mig_mode",
     "memory_total_bytes",
     "memory_used_bytes",
