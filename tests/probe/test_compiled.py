@@ -148,6 +148,121 @@ def test_the_optimizers_device_is_told_while_its_step_is_traced(
     assert breaks == without_it
 
 
+def compilations() -> Counter[str]:
+    """Frames dynamo compiled since the last call, by name: a frame compiled again (a guard
+    failed) counts once more; a frame dynamo only looked at and skipped does not count."""
+    from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+
+    got = Counter(m.co_name for m in get_compilation_metrics())
+    clear_compilation_metrics()
+    return got
+
+
+class HookedNet(torch.nn.Module):
+    """A model with a forward hook on an inner layer: dynamo then traces that layer's
+    ``__call__`` (whatever ``nn.Module.__call__`` is at the time) instead of going
+    straight to its ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+        )
+        self.body[0].register_forward_hook(lambda module, args, out: None)
+
+    def forward(self, x: Any) -> Any:
+        return self.body(x)
+
+
+SCHEDULES = {
+    # The watch patches the classes seen in the eager steps, then dynamo first compiles...
+    "watching": ("end", "compiled", "begin", "compiled", "end", "compiled"),
+    # ... or first compiles during a later discovery (the generic wrapper is on).
+    "discovering": ("end", "begin", "compiled", "end", "compiled", "begin", "compiled"),
+}
+"""After two eager steps while discovering: the watch's moves and compiled steps in turn."""
+
+
+def run_across_discoveries(
+    watch: Any | None, schedule: str, compiled_part: str
+) -> tuple[list[float], Counter[str]]:
+    """Losses of two eager steps, the schedule's compiled steps (two at each ``compiled``)
+    and one eager step, and the frames dynamo compiled. ``compiled_part`` is ``function``
+    (a compiled function calling the model and the loss) or ``model`` (``torch.compile
+    (model)``, made while the watch discovers, called in eager steps). ``begin`` and
+    ``end`` are the watch's own (what its safe points do when a discovery is due: the
+    routine one every 30 s), swapping ``nn.Module.__call__``; without a watch they are
+    left out."""
+    torch._dynamo.reset()
+    compilations()
+    model, loss_fn = HookedNet(), torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    compiled_model = torch.compile(model, backend="eager") if compiled_part == "model" else None
+
+    def forward_loss(x: Any, y: Any) -> Any:
+        return loss_fn(model(x), y)
+
+    def compiled_model_loss(x: Any, y: Any) -> Any:
+        assert compiled_model is not None
+        return loss_fn(compiled_model(x), y)
+
+    compiled = (
+        torch.compile(forward_loss, backend="eager")
+        if compiled_part == "function"
+        else compiled_model_loss
+    )
+    x, y = batches()[0]
+    losses = []
+
+    def steps(fn: Callable[[Any, Any], Any], n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad()
+            loss = fn(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    steps(forward_loss, 2)
+    for move in SCHEDULES[schedule]:
+        if move == "compiled":
+            steps(compiled, 2)
+        elif watch is not None:
+            getattr(watch, move)(watch._probe.clock())
+    steps(forward_loss, 1)
+    return losses, compilations()
+
+
+@pytest.mark.parametrize(
+    ("schedule", "compiled_part"),
+    [("watching", "function"), ("discovering", "function"), ("watching", "model")],
+)
+def test_compiled_code_compiles_as_often_as_without_the_probe_across_discoveries(
+    schedule: str, compiled_part: str
+) -> None:
+    """The watch's changes of ``nn.Module.__call__``, and the wrappers it puts on the
+    model's classes, fail no guard of the compiled code: dynamo compiles each frame as
+    often as without the probe, and eager forward calls are still timed."""
+    plain_losses, plain = run_across_discoveries(None, schedule, compiled_part)
+    got = Installed()
+    try:
+        watch = got.probe.forward
+        assert watch is not None
+        losses, compiled = run_across_discoveries(watch, schedule, compiled_part)
+        assert {HookedNet, torch.nn.CrossEntropyLoss} <= set(watch.patched)
+        assert watch.discoveries == 1 + SCHEDULES[schedule].count("begin")
+    finally:
+        torch_hooks.uninstall(got.probe)
+    assert sum(compiled.values()) == sum(plain.values()), (compiled, plain)
+    assert losses == plain_losses
+    assert len(got.drafts) == len(losses)
+    # Eager forward calls are timed, at the first step (discovering) as after the watch's moves.
+    assert got.drafts[0].samples == got.drafts[-1].samples == 16
+    assert all(d.compute_s is not None and d.compute_s > 0 for d in got.drafts)
+    assert got.errors() == []
+
+
 def test_run_while_tracing_marks_functions_as_dynamo_itself_does() -> None:
     """The mark is dynamo's ``assume_constant_result``, set without importing dynamo."""
     import torch._dynamo
