@@ -7,10 +7,12 @@ from dataclasses import replace
 
 from support.builders import (
     GIB,
+    JOB_PID,
     T0,
     during,
     make_activity,
     make_gpu_series,
+    make_handoff,
     make_host_series,
     make_loader,
     make_record,
@@ -106,10 +108,37 @@ def hot_shared_gpu() -> RunRecord:
     )
 
 
+def handoff_pool_network() -> RunRecord:
+    """No DataLoader: each batch from a pool of 4 threads fetching from a store that answers
+    after ~30 ms; the training thread only waits on the futures (84 % of each step)."""
+    return make_record(
+        make_steps(100, 0.146, 0.122, samples=16),
+        host=make_host_series(16, usable_cores=2.0, job_cpu_pct=33.0, others_cpu_pct=2.0),
+        activity=[
+            make_handoff(
+                waits=84,
+                threads={"socket": 330, "idle": 6},
+                frames={"python3.11/socket.py:706 readinto < train.py:54 get": 330},
+            )
+        ],
+    )
+
+
+def short_run_unsettled() -> RunRecord:
+    """300 steps of 0.2 ms, 60 % of it outside forward/backward, 6 stack samples there."""
+    return make_record(
+        make_steps(300, 0.0002, 0.00012, samples=32),
+        host=make_host_series(2, usable_cores=2.0, job_cpu_pct=100.0),
+        activity=[make_activity(pid=JOB_PID, transform=2, python=4)],
+    )
+
+
 CANONICAL: dict[str, Callable[[], RunRecord]] = {
     "healthy_gpu": healthy_gpu,
     "healthy_cpu": healthy_cpu,
     "input_no_workers": input_no_workers,
     "input_slow_storage": input_slow_storage,
     "hot_shared_gpu": hot_shared_gpu,
+    "handoff_pool_network": handoff_pool_network,
+    "short_run_unsettled": short_run_unsettled,
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.builders import make_record, make_steps
+from support.builders import make_loader, make_record, make_steps
 from trainmedic.diagnose import diagnose_run
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.findings.model import Severity
@@ -27,7 +27,7 @@ def test_findings_are_ranked_by_severity_then_impact() -> None:
 
 
 def test_thresholds_are_injectable() -> None:
-    record = make_record(make_steps(100, 0.1, 0.015))  # 15 % wait
+    record = make_record(make_steps(100, 0.1, 0.015), loaders=[make_loader(0)])  # 15 % wait
     assert diagnose_run(record)[0].id == "run.healthy"
     strict = Thresholds(data_wait_warning_share=0.10)
     assert diagnose_run(record, thresholds=strict)[0].severity is Severity.WARNING

@@ -25,7 +25,7 @@ UPDATE = os.environ.get("TRAINMEDIC_UPDATE_GOLDEN") == "1"
 
 
 def document(name: str) -> dict[str, Any]:
-    findings = diagnose_run(CANONICAL[name]())
+    findings = diagnose_run(CANONICAL[name](), strict=True)  # consistent, or it raises
     doc = FindingsDocument.build("run", findings, created_at=0.0, context={"record": name})
     # through JSON, as a reader of the file sees it
     data: dict[str, Any] = json.loads(json.dumps(doc.to_dict()))

@@ -6,8 +6,10 @@ from dataclasses import replace
 
 from support.builders import (
     GIB,
+    make_activity,
     make_gpu_series,
     make_host_series,
+    make_loader,
     make_machine,
     make_record,
     make_steps,
@@ -74,10 +76,23 @@ def test_information_findings_do_not_spoil_health() -> None:
 
 
 def test_a_warning_replaces_the_healthy_verdict() -> None:
-    record = make_record(make_steps(100, 0.1, 0.05))
+    record = make_record(make_steps(100, 0.1, 0.05), loaders=[make_loader(0)])
     findings = diagnose_run(record)
     assert "run.healthy" not in [f.id for f in findings]
     assert findings[0].severity is Severity.ERROR
+
+
+def test_an_open_question_about_much_time_is_not_called_healthy() -> None:
+    # Half of each step outside forward/backward and no stack sample says on what: not
+    # known, so information - and not "healthy" either.
+    (f,) = diagnose_run(make_record(make_steps(100, 0.1, 0.05)))
+    assert (f.id, f.severity) == ("host.unexplained", Severity.INFO)
+    assert f.evidence["settled"] is False and "no stack sample" in f.fix
+    # with a few samples, it says how much more of the run would settle it
+    few = make_record(make_steps(100, 0.1, 0.05), activity=[make_activity(python=5)])
+    (f,) = diagnose_run(few)
+    assert (f.id, f.severity) == ("host.unexplained", Severity.INFO)
+    assert "5 stack samples (of the 20 needed)" in f.title and "settles it" in f.fix
 
 
 def test_empty_and_tiny_records_say_there_is_too_little_to_judge() -> None:

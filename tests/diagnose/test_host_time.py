@@ -116,3 +116,37 @@ def test_stall_time_is_the_stall_rules() -> None:
     ordinary = 0.02 * 195 / (0.1 * 195 + 15.0)
     assert ordinary < TH.data_wait_warning_share
     assert host_time(view, TH) == []  # 3 s of each stall's 0.6 s sleep is not counted here
+
+
+def test_a_part_whose_interval_straddles_the_bar_is_information() -> None:
+    # 60 % of the step outside it; 9 of 25 samples logging: 36 % of samples, 22 % of the
+    # step - but anywhere from 12 % to 33 %: said, not decided.
+    (f,) = [f for f in diagnose_run(loop(stacks={"log": 9, "python": 4, "sleep": 12}),
+                                    strict=True) if f.id == "host.log"]  # fmt: skip
+    assert f.severity is Severity.INFO and f.evidence["settled"] is False
+    low, high = f.evidence["outside_part_interval"]
+    assert low < TH.data_wait_warning_share < high
+    assert "Not settled" in f.fix
+
+
+def test_an_error_needs_the_whole_interval_past_the_error_bar() -> None:
+    # 60 % outside, all of 25 samples sleeping: 60 %, but 53-60 %: an error
+    (f,) = host_time(RunView.of(loop(stacks={"sleep": 25})), TH)
+    assert f.severity is Severity.ERROR
+    # 60 % outside, 21 of 25 sleeping: 50 %, the interval reaching down to 41 %: a warning
+    (f,) = host_time(RunView.of(loop(stacks={"sleep": 21, "python": 4})), TH)
+    assert f.id == "host.sleep" and f.severity is Severity.WARNING
+
+
+def test_tensor_work_too_small_to_hand_to_a_worker_is_the_loops_own() -> None:
+    # 0.2 ms steps, 60 % outside, a third of it building the batch (0.04 ms a step): a
+    # worker's hand-off of a batch costs more than that; no DataLoader advice.
+    record = make_record(
+        make_steps(300, 0.0002, 0.00012, samples=32),
+        host=make_host_series(2, usable_cores=2.0, job_cpu_pct=100.0),
+        activity=[make_activity(pid=JOB_PID, transform=10, python=20)],
+    )
+    findings = diagnose_run(record, strict=True)
+    assert [f.id for f in findings] == ["host.python"]
+    assert findings[0].impact == pytest.approx(0.6)
+    assert "larger batch" in findings[0].fix and "DataLoader" not in findings[0].fix

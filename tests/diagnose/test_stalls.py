@@ -93,7 +93,8 @@ def test_data_stall_cause_from_stacks_during_it() -> None:
     steps = with_stalls({150: 4.0}, wait=0.95)
     t_end = steps[149].t
     activity = [
-        make_activity(t=t_end, file_read=8, transform=1),
+        # a stall of 1 s and more is sampled every 20 ms: 50 samples and more
+        make_activity(t=t_end, file_read=48, transform=3),
         make_activity(t=T0 + 5.0, transform=200),
     ]
     (f,) = run(make_record(steps, activity=activity))
@@ -115,7 +116,7 @@ def test_data_stall_cause_from_the_sends_after_it_of_every_process() -> None:
         for i, pid in enumerate((700, 701, 702))
     ]
     activity += [
-        make_activity(t=after, pid=700, file_read=4, idle=2),
+        make_activity(t=after, pid=700, file_read=40, idle=2),
         make_activity(t=after + 0.01, pid=701, idle=6),
         make_activity(t=after + 0.02, pid=702, ipc_wait=30),
     ]

@@ -76,8 +76,20 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
             [f(f"{STDLIB}/threading.py", "wait"), f(f"{STDLIB}/queue.py", "get"), f(SCRIPT)],
             "ipc_wait",
         ),
-        # joining a thread or waiting on an event: not Python running, not known
-        ([f(f"{STDLIB}/threading.py", "wait", ("waiter", "acquire")), f(SCRIPT, "main")], "other"),
+        # waiting on an event another thread sets: waiting for that thread
+        (
+            [f(f"{STDLIB}/threading.py", "wait", ("waiter", "acquire")), f(SCRIPT, "main")],
+            "ipc_wait",
+        ),
+        # joining a thread: not Python running, not known
+        (
+            [
+                f(f"{STDLIB}/threading.py", "_wait_for_tstate_lock"),
+                f(f"{STDLIB}/threading.py", "join"),
+                f(SCRIPT, "main"),
+            ],
+            "other",
+        ),
         ([], "other"),
     ],
 )

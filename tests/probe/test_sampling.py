@@ -11,6 +11,7 @@ from trainmedic.probe.sampling import (
     FAST_S,
     FIRST_S,
     FIRST_SAMPLES,
+    FIRST_SHORT_S,
     KNOWN_SAMPLES,
     KNOWN_SAMPLES_PER_S,
     SLOW_S,
@@ -182,3 +183,31 @@ def test_the_sampler_thread_waits_as_long_as_the_policy_says() -> None:
     assert asked[0] is None  # nothing sampled before the first wait
     assert asked[1] == "idle"  # the sampled stack's state
     assert sampler.wakeups >= 2
+
+
+def test_steps_shorter_than_the_first_period_are_sampled_faster_at_first() -> None:
+    # A loop of 0.2 ms steps that trains for a fraction of a second: one wake-up each
+    # 5 ms would give it a dozen samples. Seen stepping faster than that, the first
+    # samples come every millisecond - before the steps' statistics are known, and after.
+    clock = Clock()
+    steps = [0]
+    policy = MainPolicy(StepStats(), lambda: None, clock, steps=lambda: steps[0])
+    assert policy.period(None) == FIRST_S  # nothing known yet
+    clock.t += FIRST_S
+    steps[0] += 25  # 25 steps in 5 ms
+    assert policy.period("python") == FIRST_SHORT_S
+    known = MainPolicy(stats_of(0.0002, 0.6), lambda: None, clock, steps=lambda: steps[0])
+    known.period(None)
+    clock.t += 0.001
+    steps[0] += 5
+    assert known.period("python") == FIRST_SHORT_S
+    # ordinary steps keep the ordinary first period
+    slow = MainPolicy(StepStats(), lambda: None, clock, steps=lambda: steps[0])
+    slow.period(None)
+    clock.t += 2 * FIRST_S
+    steps[0] += 1
+    assert slow.period("python") == FIRST_S
+    # and the first samples stay as many as before
+    for _ in range(FIRST_SAMPLES):
+        policy.period("python")
+    assert policy.period("python") == FAST_S

@@ -162,6 +162,8 @@ def make_activity() -> LoaderActivity:
         pid=4242,
         counts={"transform": 40, "file_read": 55, "idle": 5},
         top_frames={"PIL/Image.py:1234 decode": 30, "dataset.py:20 __getitem__": 12},
+        handoff={"waits": 12, "thread:socket": 40, "process:cpu": 3, "in_flight": 40},
+        helper_frames={"socket.py:706 readinto < train.py:54 get": 40},
     )
 
 

@@ -6,7 +6,7 @@ plausible healthy default, so a test reads as the situation it describes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
@@ -203,6 +203,33 @@ def make_loader(
 def make_activity(t: float = T0 + 10.0, pid: int = JOB_PID + 1, **counts: int) -> LoaderActivity:
     """Stack samples of loader workers per state, e.g. ``file_read=80, transform=10``."""
     return LoaderActivity(t=t, pid=pid, counts=counts)
+
+
+def make_handoff(
+    t: float = T0 + 10.0,
+    pid: int = JOB_PID,
+    *,
+    waits: int,
+    threads: Mapping[str, int] | None = None,
+    processes: Mapping[str, int] | None = None,
+    in_flight: float | None = None,
+    own: Mapping[str, int] | None = None,
+    frames: Mapping[str, int] | None = None,
+) -> LoaderActivity:
+    """Samples of a training thread between steps (no DataLoader) that waited ``waits``
+    times on other threads or processes (``ipc_wait``, plus its ``own`` other states),
+    and what those did meanwhile: ``threads``/``processes`` observations by state
+    (``socket=40, idle=4``). ``in_flight``: requests in flight summed over them (default:
+    one per thread or process in ``socket`` or ``file``)."""
+    threads, processes = dict(threads or {}), dict(processes or {})
+    handoff: dict[str, int] = {"waits": waits}
+    handoff.update({f"thread:{k}": v for k, v in threads.items()})
+    handoff.update({f"process:{k}": v for k, v in processes.items()})
+    io = sum(obs.get(k, 0) for obs in (threads, processes) for k in ("socket", "file"))
+    handoff["in_flight"] = int(io if in_flight is None else in_flight)
+    counts = {"ipc_wait": waits, **(own or {})}
+    return LoaderActivity(t=t, pid=pid, counts=counts, handoff=handoff,
+                          helper_frames=dict(frames or {}))  # fmt: skip
 
 
 def make_event(

@@ -2,7 +2,8 @@
 
 Each rule is a pure function ``(RunView, Thresholds) -> list[Finding]`` in the
 module of its family; :data:`RULES` lists them in the order they run and
-:func:`diagnose_run` applies them, adds the overall verdict
+:func:`diagnose_run` applies them, checks that every finding's parts agree
+(:mod:`trainmedic.diagnose.consistency`), adds the overall verdict
 (``run.healthy`` / ``run.no_steps``) and ranks the result. Thresholds and
 their reasons: docs/diagnosis.md.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from trainmedic.diagnose.amp import grad_scaler_skips
+from trainmedic.diagnose.consistency import InconsistentFinding, checked
 from trainmedic.diagnose.contention import cpu_contention, gpu_contention
 from trainmedic.diagnose.gpu_visibility import gpu_visibility
 from trainmedic.diagnose.hardware import hardware_faults
@@ -63,14 +65,23 @@ def diagnose_run(
     machine: MachineFacts | None = None,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
     rules: Sequence[Rule] = RULES,
+    *,
+    strict: bool = False,
 ) -> list[Finding]:
-    """Findings about ``record``, most important first (:func:`rank_findings`)."""
+    """Findings about ``record``, most important first (:func:`rank_findings`).
+
+    Every finding passes the consistency checks (:mod:`trainmedic.diagnose.consistency`)
+    before the overall verdict is drawn: one whose parts disagree is kept as
+    information with its problems, or, with ``strict``, raises
+    :class:`~trainmedic.diagnose.consistency.InconsistentFinding`.
+    """
     view = RunView.of(record, machine)
     findings: list[Finding] = []
     for rule in rules:
         findings.extend(rule(view, thresholds))
     findings = _without_superseded(findings)
-    findings.extend(overall(view, thresholds, findings))
+    findings = checked(findings, view, thresholds, strict=strict)
+    findings.extend(checked(overall(view, thresholds, findings), view, thresholds, strict=strict))
     return rank_findings(findings)
 
 
@@ -90,4 +101,12 @@ def _without_superseded(findings: list[Finding]) -> list[Finding]:
     return findings
 
 
-__all__ = ["DEFAULT_THRESHOLDS", "RULES", "Rule", "RunView", "Thresholds", "diagnose_run"]
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "RULES",
+    "InconsistentFinding",
+    "Rule",
+    "RunView",
+    "Thresholds",
+    "diagnose_run",
+]

@@ -24,7 +24,8 @@ from typing import Any
 
 from trainmedic.diagnose.cpu_time import contended_intervals
 from trainmedic.diagnose.data_wait import is_input_bound
-from trainmedic.diagnose.input_causes import input_cause, others_crowd
+from trainmedic.diagnose.input_causes import input_cause
+from trainmedic.diagnose.loading_cpu import others_crowd
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import Interval, RunView, sample_intervals
 from trainmedic.findings.model import Category, Finding, Severity

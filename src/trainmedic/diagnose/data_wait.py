@@ -5,14 +5,17 @@ Only the ordinary wait counts: the wait inside stalls is the stall rule's
 (:mod:`trainmedic.diagnose.stalls`), so no time is counted twice. In a loop
 without a DataLoader, the time outside forward/backward/optimizer is data
 preparation only in the share its stack samples show data code
-(:mod:`trainmedic.diagnose.host_time` names the rest).
+(:mod:`trainmedic.diagnose.host_time` names the rest), and tensor work
+cheaper per step than a worker's hand-off of a batch is the loop's own.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
+from trainmedic.diagnose.sampled import SampledShare, sampled
 from trainmedic.diagnose.stalls import find_stalls
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
@@ -72,11 +75,35 @@ def data_share(view: RunView, th: Thresholds) -> float | None:
     """Share of the recorded wait that is data preparation (see :class:`DataWait`)."""
     if view.train_loaders:
         return 1.0
+    sample = data_share_sample(view, th)
+    return None if sample is None else sample.share
+
+
+def data_share_sample(view: RunView, th: Thresholds) -> SampledShare | None:
+    """The data share of a loop without a DataLoader as sampled (``None`` with fewer than
+    ``outside_min_samples`` samples, or with a DataLoader)."""
+    if view.train_loaders:
+        return None
     outside = view.outside_activity()
     total = sum(outside.values())
     if total < th.outside_min_samples:
         return None
-    return sum(outside.get(s, 0) for s in DATA_STATES) / total
+    data = sum(outside.get(s, 0) for s in DATA_STATES)
+    if batch_building_is_tiny(view, th, outside):
+        data -= outside.get("transform", 0)
+    return sampled(data, total, th)
+
+
+def batch_building_is_tiny(view: RunView, th: Thresholds, outside: Counter[str]) -> bool:
+    """In a loop without a DataLoader: building a batch in the loop costs less per step
+    than handing one over from a worker process would (``worker_handoff_s``). Then it is
+    the loop's own tensor work (``host.python``), not a wait a DataLoader could hide."""
+    total = sum(outside.values())
+    steps = view.summary.steps_steady
+    if total <= 0 or steps <= 0 or not outside.get("transform"):
+        return False
+    per_step = sum(s.data_wait_s for s in view.steady) / steps
+    return per_step * outside["transform"] / total < th.worker_handoff_s
 
 
 def exposed_wait_share(view: RunView, th: Thresholds) -> float | None:

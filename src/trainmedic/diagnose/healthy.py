@@ -10,10 +10,19 @@ from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
 
 
+def _open_question(f: Finding, th: Thresholds) -> bool:
+    """An unsettled finding about a share of time a warning would be about: the run is
+    not known to be healthy (saying so would contradict it)."""
+    return f.evidence.get("settled") is False and (f.impact or 0.0) >= th.data_wait_warning_share
+
+
 def overall(view: RunView, th: Thresholds, findings: Sequence[Finding]) -> list[Finding]:
     """``run.no_steps`` without steady steps; ``run.healthy`` when no finding is a
-    warning or an error (never both, never alongside a warning)."""
+    warning or an error, nor an unsettled question about as much time (never both,
+    never alongside a warning)."""
     s = view.summary
+    if any(_open_question(f, th) for f in findings):
+        return []
     if s.steps_steady < th.min_steady_steps:
         if any(f.severity is not Severity.INFO for f in findings):
             return []

@@ -6,8 +6,10 @@ the training thread taken there (:mod:`trainmedic.probe.host_states`) say
 what it was. The data part is the input rule's; each other part that costs at
 least ``data_wait_warning_share`` of steady time is a finding of its own
 (``host.<state>``), its impact that part. Without enough stack samples the
-time is not called data: one ``host.unexplained`` finding says how much it is
-and how to look. Time inside stalls is the stall rule's.
+time is not called data: one ``host.unexplained`` finding (information) says
+how much it is and what would settle it. A part is decided on its sampled
+interval (:mod:`trainmedic.diagnose.sampled`): one whose interval straddles
+the bar is information. Time inside stalls is the stall rule's.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from trainmedic.diagnose.data_wait import data_wait
+from trainmedic.diagnose.data_wait import batch_building_is_tiny, data_wait
+from trainmedic.diagnose.sampled import interval_evidence, sampled, share_evidence
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.probe.host_states import DATA_STATES
 
 MAX_FRAMES = 5
+SHORT_STEP_S = 0.001
+"""Steps shorter than this spend most of their host time on per-call overhead (a
+Python call and a tiny tensor op cost microseconds each, whatever the data)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,9 @@ def host_time(view: RunView, th: Thresholds) -> list[Finding]:
     if view.uses_gpu is False and activity.get("sync"):
         # No device to wait for: turning tensors into Python values is Python work.
         activity["python"] += activity.pop("sync")
+    if batch_building_is_tiny(view, th, activity):
+        # Tensor work too small to hand to a worker: the loop's own (data_wait.py).
+        activity["python"] += activity.pop("transform")
     total = sum(activity.values())
     base: dict[str, Any] = {
         "outside_step_share": outside_share,
@@ -107,25 +116,51 @@ def host_time(view: RunView, th: Thresholds) -> list[Finding]:
     if wait.data_share is None:
         return [_unexplained(view, th, outside_share, base)]
     findings = []
+    seen = [k for k, v in activity.items() if v > 0]
     for state in sorted(activity, key=lambda k: -activity[k]):
         if state in DATA_STATES or activity[state] <= 0:
             continue
-        part = outside_share * activity[state] / total
-        if part < th.data_wait_warning_share:
+        share = sampled(activity[state], total, th)
+        part = outside_share * share.share
+        verdict = share.versus(th.data_wait_warning_share, outside_share)
+        if verdict is False or (verdict is None and part < th.data_wait_warning_share):
             continue
         kind = _KINDS.get(state, _KINDS["other"])
         what = kind.what
         ev = dict(base)
-        ev.update({f"outside_{k}_share": round(v / total, 4) for k, v in activity.items() if v})
+        ev.update(share_evidence("outside_", activity, seen, th, "outside_stack_samples"))
+        ev["outside_part_interval"] = interval_evidence(share, outside_share)
         ev["top_frames"] = _top_frames(view)
+        title = f"{part:.0%} of step time goes outside the training step: {what}"
+        fix = kind.fix
+        median = s.step_time_median_s
+        if state == "python" and median is not None and median < SHORT_STEP_S:
+            fix += (
+                f" Steps this short ({median * 1000:.2f} ms) are mostly the overhead of each "
+                "call: a larger batch (fewer, bigger steps) does the same work with less of it."
+            )
+        if verdict is None:
+            # The part straddles the bar: said, not decided.
+            severity = Severity.INFO
+            ev["settled"] = False
+            low, high = share.low * outside_share, share.high * outside_share
+            title = (
+                f"{part:.0%} of step time ({low:.0%}-{high:.0%} from {total} stack samples) "
+                f"may go outside the training step: {what}"
+            )
+            fix = f"Not settled: a longer run settles it. If so: {fix}"
+        elif share.versus(th.data_wait_error_share, outside_share):
+            severity = Severity.ERROR
+        else:
+            severity = Severity.WARNING
         findings.append(
             Finding(
                 id=f"host.{state}",
                 category=kind.category,
-                severity=(Severity.ERROR if part >= th.data_wait_error_share else Severity.WARNING),
-                title=f"{part:.0%} of step time goes outside the training step: {what}",
+                severity=severity,
+                title=title,
                 evidence=ev,
-                fix=kind.fix,
+                fix=fix,
                 impact=part,
             )
         )
@@ -133,20 +168,38 @@ def host_time(view: RunView, th: Thresholds) -> list[Finding]:
 
 
 def _unexplained(view: RunView, th: Thresholds, share: float, base: dict[str, Any]) -> Finding:
+    """Too few samples to say what the time outside the step is: information, with what
+    would settle it (an error is for measured harm, and this is not yet known)."""
+    samples = int(base.get("outside_stack_samples") or 0)
+    need = th.outside_min_samples
+    steady = view.steady_time_s
+    median = view.summary.step_time_median_s
+    if samples > 0 and steady > 0:
+        rate = samples / steady  # samples per second of steps, as this run took them
+        more_s = (need - samples) / rate
+        steps = f" (about {more_s / median:,.0f} steps like these)" if median else ""
+        settle = (
+            f"a run with about {more_s:.1f} s more of steps{steps} settles it: the probe "
+            f"took {rate:.0f} samples a second of the time between steps"
+        )
+    else:
+        settle = (
+            "no stack sample was taken between steps: run again without "
+            "TRAINMEDIC_PROBE_DISABLE=stacks if it was set, and long enough for a few "
+            "hundred milliseconds of steps"
+        )
     return Finding(
         id="host.unexplained",
         category=Category.FRAMEWORK_CONFIG,
-        severity=Severity.ERROR if share >= th.data_wait_error_share else Severity.WARNING,
+        severity=Severity.INFO,
         title=(
             f"{share:.0%} of step time goes outside forward, backward and the optimizer, "
-            "and too few stack samples say on what"
+            f"and {samples} stack samples (of the {need} needed) cannot say on what"
         ),
-        evidence={**base, "outside_min_samples": th.outside_min_samples},
+        evidence={**base, "outside_min_samples": need, "settled": False},
         fix=(
-            "See what the loop does between steps: py-spy top --pid PID (or py-spy dump), "
-            "or torch.profiler around a few steps; run again without "
-            "TRAINMEDIC_PROBE_DISABLE=stacks if it was set. If it builds batches, move that "
-            "into a Dataset and a DataLoader with workers."
+            f"Not settled: {settle}. To see it now: py-spy top --pid PID (or py-spy dump), "
+            "or torch.profiler around a few steps."
         ),
         impact=share,
     )

@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from trainmedic.diagnose.data_wait import (
+    data_share_sample,
     data_wait,
     exposed_wait_share,
     is_input_bound,
     recommended_workers,
 )
 from trainmedic.diagnose.input_causes import InputCause, input_cause
+from trainmedic.diagnose.sampled import interval_evidence
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.fixes import loader_remedies
@@ -32,7 +34,16 @@ def input_bound(view: RunView, th: Thresholds) -> list[Finding]:
     s = view.summary
     wait = data_wait(view, th)
     cause = input_cause(view, th)
-    severity = Severity.ERROR if exposed >= th.data_wait_error_share else Severity.WARNING
+    settled, error = cause.settled, exposed >= th.data_wait_error_share
+    sample = data_share_sample(view, th)  # a loop without a DataLoader: sampled
+    scale = wait.ordinary_s / wait.steady_s if wait.steady_s > 0 else 0.0
+    if sample is not None:
+        # The wait is data only in the sampled share: decided on its interval.
+        settled = settled and sample.versus(th.data_wait_warning_share, scale) is True
+        error = error and sample.versus(th.data_wait_error_share, scale) is True
+    severity = Severity.ERROR if error else Severity.WARNING
+    if not settled:
+        severity = Severity.INFO
     evidence: dict[str, Any] = {
         "data_wait_share": s.data_wait_share,
         "data_wait_exposed_share": exposed,
@@ -43,19 +54,39 @@ def input_bound(view: RunView, th: Thresholds) -> list[Finding]:
     }
     if wait.stall_s > 0:
         evidence["stall_wait_excluded_s"] = wait.stall_s
-    if not view.train_loaders and wait.data_share is not None:
-        evidence["outside_step_data_share"] = wait.data_share
+    if sample is not None:
+        evidence["outside_step_data_share"] = round(sample.share, 4)
+        evidence["outside_step_data_share_interval"] = interval_evidence(sample)
+        evidence["data_wait_share_interval"] = interval_evidence(sample, scale)
+        evidence["outside_stack_samples"] = int(sample.samples)
     if view.gpu_util_pct is not None:
         evidence["gpu_utilization_pct"] = view.gpu_util_pct
     evidence.update(cause.evidence)
+    title = f"Training waits for data {exposed:.0%} of step time: {cause.title}"
+    remedies = cause.remedies
+    if remedies is None:
+        remedies = loader_remedies(cause.category.value)
+    fix = cause.fix
+    if not settled and cause.settled and sample is not None:
+        low, high = sample.low * scale, sample.high * scale
+        evidence["settled"] = False
+        title = (
+            f"Training may wait for data {exposed:.0%} of step time ({low:.0%}-{high:.0%} "
+            f"from {int(sample.samples)} stack samples): {cause.title}"
+        )
+        fix = (
+            f"Not settled: the stack samples between steps put the data share of the step "
+            f"between {low:.0%} and {high:.0%}, across the {th.data_wait_warning_share:.0%} "
+            "bar; a longer run settles it. If it is data: " + fix
+        )
     return [
         Finding(
             id=f"input.{cause.key}",
             category=cause.category,
             severity=severity,
-            title=f"Training waits for data {exposed:.0%} of step time: {cause.title}",
+            title=title,
             evidence=evidence,
-            fix=f"{cause.fix} {loader_remedies(cause.category.value)}",
+            fix=f"{fix} {remedies}".strip(),
             impact=exposed,
             subject="dataloader",
             apply=loader_apply(view, th, cause),

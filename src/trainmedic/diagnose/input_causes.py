@@ -10,15 +10,22 @@ first rule of :data:`INPUT_RULES` whose condition holds (docs/diagnosis.md,
 2. loading threads starved of CPU by the job's own cgroup quota -> ``cpu``,
    or by other processes -> ``contention``;
 3. no spare core left by the job's own loading -> ``cpu``;
-4. batches built in series with the step (``num_workers=0``, or a loop with
-   no DataLoader whose stacks show data code) while a core is spare ->
-   ``framework_config``;
-5. without stack samples: host iowait -> ``io``; network receive -> ``network``;
-6. too few workers while a core is spare -> ``framework_config``, else ``cpu``.
+4. a loop without a DataLoader that waits on other threads or processes: what
+   they do (:mod:`trainmedic.diagnose.handoff_causes`);
+5. batches built in series with the step (``num_workers=0``, or a loop with
+   no DataLoader whose stacks show data code) while a core is spare and a
+   worker process would gain (a batch cheaper to build than its hand-off from
+   a worker would not) -> ``framework_config``;
+6. without stack samples: host iowait -> ``io``; network receive -> ``network``;
+7. too few workers while a core is spare -> ``framework_config``, else ``cpu``.
+
+A stack state is "the" cause only when its share's interval is past the bar
+with enough samples (:mod:`trainmedic.diagnose.sampled`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +33,7 @@ from typing import Any
 
 from trainmedic.diagnose.data_wait import data_wait, recommended_workers
 from trainmedic.diagnose.loader_advice import (
+    MIN_GAIN,
     LoadingAdvice,
     LoadingProfile,
     advise,
@@ -33,21 +41,32 @@ from trainmedic.diagnose.loader_advice import (
     latency_share,
     parallel_fix,
 )
+from trainmedic.diagnose.loading_cpu import LoadingCpu, cpu_evidence, loading_cpu, others_crowd
+from trainmedic.diagnose.sampled import dominant_state, share_evidence
 from trainmedic.diagnose.thresholds import MIB, Thresholds
-from trainmedic.diagnose.view import BUSY_STATES, RunView, share_of
+from trainmedic.diagnose.view import BUSY_STATES, RunView
 from trainmedic.findings.model import Category
 from trainmedic.probe.host_states import DATA_STATES
 
 
 @dataclass(frozen=True)
 class InputCause:
-    """Why the loop waits for data: the finding's id suffix, category, title and fix."""
+    """Why the loop waits for data: the finding's id suffix, category, title and fix.
+
+    Attributes:
+        settled: the samples say what the wait is; ``False``: they are too few, and
+            the finding is information saying what would settle it.
+        remedies: the remedies appended to the fix; ``None``: the DataLoader's
+            (:func:`trainmedic.findings.fixes.loader_remedies`).
+    """
 
     key: str
     category: Category
     title: str
     fix: str
     evidence: Mapping[str, Any]
+    settled: bool = True
+    remedies: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +80,7 @@ class _Facts:
     recommended: int
     busy_samples: int
     dominant: str | None
-    cpu: _Cpu
+    cpu: LoadingCpu
     advice: LoadingAdvice | None
 
     @property
@@ -78,6 +97,17 @@ class _Facts:
     @property
     def wanted_workers(self) -> int:
         return self.advice.num_workers if self.advice is not None else self.recommended
+
+    @property
+    def loading(self) -> str:
+        """What loads: the DataLoader, or the loop itself."""
+        return "loader" if self.has_loader else "loop"
+
+    @property
+    def worth_workers(self) -> bool:
+        """More loader processes would gain: no measured advice says otherwise (a batch
+        cheaper to build than a worker's hand-off of it gains nothing)."""
+        return self.advice is None or self.advice.speedup >= MIN_GAIN
 
     @property
     def more(self) -> str:
@@ -147,7 +177,7 @@ INPUT_RULES: tuple[InputRule, ...] = (
     InputRule(
         "io", Category.IO,
         when=lambda f: f.dominant == "file_read",
-        title="the loader spends its time reading files",
+        title=lambda f: f"the {f.loading} spends its time reading files",
         fix=lambda f: (
             "Make reads cheaper: copy the data set to local NVMe/SSD (or /dev/shm), cache "
             "decoded samples, pack small files into sharded formats (WebDataset, "
@@ -157,7 +187,7 @@ INPUT_RULES: tuple[InputRule, ...] = (
     InputRule(
         "network", Category.NETWORK,
         when=lambda f: f.dominant == "socket_wait",
-        title="the loader spends its time waiting on network sockets",
+        title=lambda f: f"the {f.loading} spends its time waiting on network sockets",
         fix=lambda f: (
             "Hide or remove the network: copy or cache the data on local disk before "
             "training, or keep the data in the GPU's region; prefetch further ahead"
@@ -200,7 +230,7 @@ INPUT_RULES: tuple[InputRule, ...] = (
     ),
     InputRule(
         "workers", Category.FRAMEWORK_CONFIG,
-        when=lambda f: f.workers == 0,
+        when=lambda f: f.workers == 0 and f.worth_workers,
         title=_in_series_title,
         fix=_Facts.parallel,
     ),
@@ -228,7 +258,7 @@ INPUT_RULES: tuple[InputRule, ...] = (
     ),
     InputRule(
         "workers", Category.FRAMEWORK_CONFIG,
-        when=lambda f: f.workers is not None and f.workers < f.wanted_workers,
+        when=lambda f: f.workers is not None and f.workers < f.wanted_workers and f.worth_workers,
         title="the loader has too few workers while a core is spare",
         fix=_Facts.parallel,
     ),
@@ -252,7 +282,7 @@ def input_cause(view: RunView, th: Thresholds) -> InputCause:
     workers = view.num_workers if has_loader else 0
     n = recommended_workers(view, th)
     activity, worker_activity = _loading_activity(view)
-    cpu = _cpu(view, th, workers)
+    cpu = loading_cpu(view, th, workers)
     profile = _profile(view, th, workers or 0, activity, worker_activity)
     advice = advise(profile, n) if profile is not None else None
     facts = _Facts(
@@ -266,6 +296,16 @@ def input_cause(view: RunView, th: Thresholds) -> InputCause:
         cpu=cpu,
         advice=advice,
     )
+    if not has_loader:
+        # A loop waiting on other threads or processes: the cause is what they do. Their
+        # CPU starved (by the quota, by others) is the rules' below when they compute.
+        from trainmedic.diagnose.handoff_causes import handoff_cause
+
+        starved = _throttled(facts) or _crowded(facts)
+        handed = handoff_cause(view, th, starved=starved)
+        if handed is not None:
+            ev = {**cpu_evidence(cpu, view), **handed.evidence}
+            return dataclasses.replace(handed, evidence=ev)
     evidence = _evidence(facts, activity, profile)
     rule = next(r for r in INPUT_RULES if r.when(facts))
     title, fix = rule.text(facts)
@@ -275,23 +315,13 @@ def input_cause(view: RunView, th: Thresholds) -> InputCause:
 def _evidence(f: _Facts, activity: Counter[str], profile: LoadingProfile | None) -> dict[str, Any]:
     """The measurements every cause shows: cores, loader stack shares, the advice's sizes."""
     s = f.view.summary
-    cpu = f.cpu
     ev: dict[str, Any] = {
         "num_workers": f.view.num_workers,
         "recommended_num_workers": f.wanted_workers,
-        "usable_cores": cpu.usable,
-        "job_cpu_cores": cpu.job,
-        "others_cpu_cores": cpu.others,
-        "job_useful_cpu_cores": cpu.useful,
-        "spare_cores": cpu.spare,
-        "loading_cpu_wait_share": cpu.loading_wait,
-        "train_cpu_wait_share": f.view.cpu.train_wait_share,
-        "cgroup_throttled_share": cpu.throttled or None,
+        **cpu_evidence(f.cpu, f.view),
     }
     if f.busy_samples:
-        shares = {k: share_of(activity, k, BUSY_STATES) for k in BUSY_STATES}
-        ev.update({f"loader_{k}_share": round(v, 4) for k, v in shares.items()})
-        ev["loader_stack_samples"] = f.busy_samples
+        ev.update(share_evidence("loader_", activity, BUSY_STATES, f.th, "loader_stack_samples"))
     if f.advice is not None and profile is not None:
         ev.update(f.advice.evidence(profile))
     for key, value in (
@@ -311,59 +341,8 @@ def _evidence(f: _Facts, activity: Counter[str], profile: LoadingProfile | None)
 # --- the facts the rules look at ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Cpu:
-    """The CPU facts the cause depends on (cores; ``None``: not measured)."""
-
-    usable: float | None
-    job: float | None
-    others: float | None
-    useful: float | None
-    spare: float | None
-    loading_wait: float | None
-    throttled: float | None
-
-    def room(self, th: Thresholds) -> bool:
-        """Whether another loader process has a core: spare cores at least
-        ``spare_min_cores`` (and the share a saturated machine leaves)."""
-        if self.spare is None or self.usable is None:
-            return True  # nothing says the cores are full
-        return self.spare >= _full_bar(self.usable, th)
-
-
-def _full_bar(usable: float, th: Thresholds) -> float:
-    # Job CPU is averaged over seconds and includes idle moments: on a big
-    # machine, less than (1 - cpu_saturated_share) of it spare is full.
-    return max(th.spare_min_cores, (1.0 - th.cpu_saturated_share) * usable)
-
-
-def _cpu(view: RunView, th: Thresholds, workers: int | None) -> _Cpu:
-    s = view.summary
-    cpu = view.cpu
-    usable = view.usable_cores
-    useful = cpu.useful_cores(s.job_cpu_mean_cores, s.compute_share, usable)
-    loading_wait = cpu.loader_wait_share if workers else cpu.train_wait_share
-    others = s.others_cpu_mean_cores or 0.0
-    waits = [w for w in (cpu.train_wait_share, cpu.loader_wait_share) if w is not None]
-    if waits and max(waits) < th.cpu_wait_warning_share:
-        # The job's threads got a CPU whenever they wanted one: others only used
-        # what the job left (idle moments, lower priority), so they take no room.
-        others = 0.0
-    spare = None
-    if usable is not None and useful is not None:
-        spare = usable - useful - others
-    return _Cpu(
-        usable, s.job_cpu_mean_cores, s.others_cpu_mean_cores, useful, spare, loading_wait,
-        cpu.throttled_share,
-    )  # fmt: skip
-
-
 def _dominant(activity: Counter[str], th: Thresholds) -> str | None:
-    busy = sum(activity[k] for k in BUSY_STATES)
-    if busy < th.activity_min_samples:
-        return None
-    top = max(BUSY_STATES, key=lambda k: activity[k])
-    return top if share_of(activity, top, BUSY_STATES) >= th.activity_dominant_share else None
+    return dominant_state(activity, BUSY_STATES, th)
 
 
 def _loading_activity(view: RunView) -> tuple[Counter[str], Counter[str]]:
@@ -419,20 +398,8 @@ def _profile(
         fetch_s=fetch,
         latency_share=latency_share(activity),
         cores=per_process,
-    )
-
-
-def others_crowd(view: RunView, th: Thresholds) -> bool:
-    """Without thread measurements: others take a large share of the cores and the
-    machine is full."""
-    s = view.summary
-    cores = view.usable_cores
-    others = s.others_cpu_mean_cores
-    if cores is None or others is None or s.system_cpu_mean_pct is None:
-        return False
-    return (
-        others >= max(1.0, th.others_cpu_share * cores)
-        and s.system_cpu_mean_pct >= th.system_cpu_busy_pct
+        # Worker processes where there are none: each batch's hand-off costs the step.
+        handoff_s=th.worker_handoff_s if workers == 0 else 0.0,
     )
 
 

@@ -15,7 +15,10 @@ for — in threads (or async I/O) inside a few worker processes when more
 processes than cores would be needed, since each process costs memory and
 start-up and does nothing but wait — and CPU-bound loading gets workers up to
 the cores it can use. The predicted step is the slower of the compute and
-what the loaders can then deliver.
+what the loaders can then deliver; where the advice brings worker processes
+in, the compute grows by what receiving each batch from a worker costs the
+training process (``Thresholds.worker_handoff_s``): a batch cheaper to build
+than that gains nothing from workers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 
 #: samples in flight beyond the bare need, for the jitter of latencies.
 IN_FLIGHT_MARGIN = 1.25
+#: a predicted speed-up under this is no gain: the fix is not worth giving.
+MIN_GAIN = 1.05
 #: more threads than this per worker process buy little and cost memory.
 MAX_THREADS_PER_WORKER = 64
 WAIT_STATES = ("file_read", "socket_wait")
@@ -44,6 +49,8 @@ class LoadingProfile:
         latency_share: share of ``fetch_s`` waiting on files or sockets, 0..1.
         cores: cores the loading may use (usable, less others' and the
             training thread's), per process.
+        handoff_s: what the step pays per batch for receiving it from a worker
+            process, when the advice brings workers in (0 where they are there).
     """
 
     samples_per_step: float
@@ -53,6 +60,7 @@ class LoadingProfile:
     fetch_s: float
     latency_share: float
     cores: float
+    handoff_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -73,6 +81,9 @@ class LoadingAdvice:
         speedup: predicted steady speed-up, x.
         new_step_s: predicted step, seconds.
         latency_bound: more samples must be in flight than processes fit the cores.
+        limited_by: what bounds the predicted step: ``compute`` (the step itself),
+            ``cores`` (the loading's CPU on the cores it may use), ``handoff`` (the
+            per-batch cost of receiving batches from workers).
     """
 
     samples_per_s: float
@@ -83,8 +94,9 @@ class LoadingAdvice:
     speedup: float
     new_step_s: float
     latency_bound: bool
+    limited_by: str = "compute"
 
-    def evidence(self, profile: LoadingProfile) -> dict[str, float | int]:
+    def evidence(self, profile: LoadingProfile) -> dict[str, float | int | str | bool]:
         return {
             "sample_fetch_ms": round(profile.fetch_s * 1000, 3),
             "sample_latency_ms": round(profile.fetch_s * profile.latency_share * 1000, 3),
@@ -95,6 +107,8 @@ class LoadingAdvice:
             "recommended_threads_per_worker": self.threads_per_worker,
             "predicted_speedup": round(self.speedup, 2),
             "predicted_step_s": round(self.new_step_s, 4),
+            "speedup_limited_by": self.limited_by,
+            "latency_bound": self.latency_bound,
         }
 
 
@@ -147,18 +161,29 @@ def advise(profile: LoadingProfile, max_processes: int) -> LoadingAdvice:
     # What the loaders can deliver: all the step needs, unless their CPU part
     # alone needs more cores than there are.
     deliverable = rate if cpu_per_sample <= 0 else min(rate, cores / cpu_per_sample)
-    new_step = max(profile.compute_s, profile.samples_per_step / deliverable)
+    floor = profile.compute_s + profile.handoff_s
+    loading = profile.samples_per_step / deliverable
+    new_step = max(floor, loading)
     speedup = max(1.0, profile.step_s / new_step)
+    if loading > floor:
+        limited_by = "cores"
+    elif profile.handoff_s > 0 and floor > profile.compute_s * 1.05:
+        limited_by = "handoff"
+    else:
+        limited_by = "compute"
 
     cpu_workers = max(1, min(max_processes, math.ceil(cores_needed * IN_FLIGHT_MARGIN)))
-    latency_bound = in_flight > max(max_processes, cpu_workers)
+    # Latency-bound: the samples waiting on files or sockets alone need more slots than
+    # processes fit the cores. Loading that computes needs cores, which threads are not.
+    waiting = math.ceil(IN_FLIGHT_MARGIN * rate * profile.fetch_s * profile.latency_share)
+    latency_bound = waiting > max(max_processes, cpu_workers)
     if latency_bound:
         workers = max(cpu_workers, min(profile.workers, max_processes), 1)
         # Past a few dozen threads a process gains little: add processes instead.
         workers = max(workers, math.ceil(in_flight / MAX_THREADS_PER_WORKER))
         threads = math.ceil(in_flight / workers)
     else:
-        workers = max(in_flight, cpu_workers)
+        workers = min(max(in_flight, cpu_workers), max(max_processes, cpu_workers))
         threads = 1
     return LoadingAdvice(
         samples_per_s=rate,
@@ -169,12 +194,22 @@ def advise(profile: LoadingProfile, max_processes: int) -> LoadingAdvice:
         speedup=speedup,
         new_step_s=new_step,
         latency_bound=latency_bound,
+        limited_by=limited_by,
     )
 
 
 def parallel_fix(advice: LoadingAdvice, has_loader: bool) -> str:
     """The fix that puts ``advice`` in place, in words a user can apply."""
     gain = f"predicted {advice.speedup:.1f}x faster (step {advice.new_step_s * 1000:.0f} ms)"
+    if not has_loader and advice.latency_bound:
+        return (
+            f"Keep {advice.in_flight} samples in flight ({advice.samples_per_s:.0f} samples/s "
+            "x the per-sample latency), in threads rather than processes: fetch each batch's "
+            "samples with concurrent.futures.ThreadPoolExecutor("
+            f"max_workers={advice.in_flight}) and submit the next batch's before training on "
+            "this one, or fetch them asynchronously (asyncio/aiohttp); a request waiting on "
+            f"I/O holds no CPU. {gain[0].upper()}{gain[1:]}."
+        )
     if not has_loader:
         return (
             "Prepare batches while the step runs: move the batch building into a "

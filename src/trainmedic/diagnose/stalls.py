@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from trainmedic.diagnose.sampled import dominant_state
 from trainmedic.diagnose.thermal import throttled_intervals
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import (
@@ -38,13 +39,10 @@ from trainmedic.diagnose.view import (
     merge_intervals,
     overlaps,
     sample_intervals,
-    share_of,
 )
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.record.stats import StepSpan
 
-#: fewest stack samples during one stall that can name its cause.
-MIN_STALL_STACK_SAMPLES = 3
 MAX_LISTED = 10
 #: shorter "epochs" are too short to tell from any other periodic pause.
 MIN_EPOCH_STEPS = 5
@@ -266,7 +264,7 @@ def _data_cause(
     cores: float | None,
 ) -> Category:
     """Cause of a data stall: stacks during it, host readings during it, the whole run."""
-    local = _dominant(view.activity(window), MIN_STALL_STACK_SAMPLES, th)
+    local = _dominant(view.activity(window), th)
     if local is not None:
         return local
     if any(h.iowait_pct is not None and h.iowait_pct >= th.iowait_high_pct for h in host):
@@ -281,16 +279,14 @@ def _data_cause(
         h.job_cpu_pct / 100.0 >= th.cpu_saturated_share * cores for h in host
     ):
         return Category.CPU
-    return _dominant(view.activity(), th.activity_min_samples, th) or Category.IO
+    return _dominant(view.activity(), th) or Category.IO
 
 
-def _dominant(activity: Counter[str], min_samples: int, th: Thresholds) -> Category | None:
-    if sum(activity[k] for k in BUSY_STATES) < min_samples:
-        return None
-    top = max(BUSY_STATES, key=lambda k: activity[k])
-    if share_of(activity, top, BUSY_STATES) < th.activity_dominant_share:
-        return None
-    return _STATE_CATEGORY.get(top)
+def _dominant(activity: Counter[str], th: Thresholds) -> Category | None:
+    """The category the loader stacks name, when their samples settle it
+    (:func:`trainmedic.diagnose.sampled.dominant_state`)."""
+    top = dominant_state(activity, BUSY_STATES, th)
+    return None if top is None else _STATE_CATEGORY.get(top)
 
 
 def _waited_s(view: RunView, window: Interval) -> float | None:

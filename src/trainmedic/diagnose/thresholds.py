@@ -73,6 +73,12 @@ class Thresholds:
         throttled_high_share: share of wall time the job's cgroup was throttled.
         outside_min_samples: stack samples of time outside the step needed to
             say what it was.
+        share_z: a share from stack samples is judged by its Wilson interval at this
+            many standard deviations (1.645: a 90 % interval, so a bound said to be
+            passed is passed with 95 % confidence); see :mod:`trainmedic.diagnose.sampled`.
+        worker_handoff_s: what handing one batch from a worker process to the
+            training process costs it, at least, seconds: batch building that takes
+            less per step is not worth moving into workers.
     """
 
     min_steady_steps: int = 5
@@ -118,6 +124,8 @@ class Thresholds:
     steal_high_pct: float = 5.0
     throttled_high_share: float = 0.05
     outside_min_samples: int = 20
+    share_z: float = 1.645
+    worker_handoff_s: float = 0.0005
 
 
 DEFAULT_THRESHOLDS = Thresholds()

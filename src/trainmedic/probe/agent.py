@@ -106,7 +106,9 @@ class ProbeAgent:
             else:
                 if self.step_stats is None:
                     self.step_stats = StepStats()
-                policy = MainPolicy(self.step_stats, self._waiting_since, self.clock)
+                policy = MainPolicy(
+                    self.step_stats, self._waiting_since, self.clock, self._train_steps
+                )
             self.sampler = StackSampler(
                 targets=self._stack_targets,
                 emit=self.emit,
@@ -135,6 +137,10 @@ class ProbeAgent:
         if not state.loader_used and tracker.started and not tracker.in_compute:
             return [(ident, "self")]
         return []
+
+    def _train_steps(self) -> int:
+        tracker = self.tracker
+        return 0 if tracker is None else tracker.train_steps
 
     def _waiting_since(self) -> float | None:
         """When the training thread's current wait for data began (probe clock), or ``None``."""

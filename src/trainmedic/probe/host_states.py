@@ -8,7 +8,10 @@ stacks say so; :func:`classify_outside` names each sample of the training
 thread's stack taken there (role ``self`` of :mod:`trainmedic.probe.stacks`):
 
 * data: ``file_read``, ``socket_wait`` (the batch's bytes arriving),
-  ``ipc_wait`` (waiting on a queue a producer fills: a hand-made prefetcher)
+  ``ipc_wait`` (waiting on another thread or process that makes the batch: a
+  pool's futures, a queue a prefetch thread or producer processes fill, an
+  event another thread sets, an asyncio loop elsewhere -
+  :func:`waits_on_others`; :mod:`trainmedic.probe.handoff` samples what they do)
   and ``transform`` (Python computing in data code: a data library such as
   torchvision, PIL or numpy.random on the stack; a function or file of the
   script named for data — ``make_batch``, ``featurize``, ``dataset.py``; or
@@ -143,6 +146,11 @@ _IPC_PATHS = (
     "/concurrent/futures/",
 )
 _DELEGATING = ("/selectors.py", "/threading.py", "/subprocess.py")
+# Where a wait on another thread or process shows: the libraries that hand work over,
+# and the primitives of threading a loop waits on directly.
+_HANDOFF_PATHS = ("/concurrent/futures/", "/queue.py", "/multiprocessing/", "/asyncio/")
+_WAIT_CALLS = frozenset({"wait", "wait_for", "result", "acquire", "recv_bytes", "poll"})
+_QUEUE_WORDS = frozenset({"queue", "q", "inbox", "ready", "results", "pending", "prefetched"})
 
 _DATA_WORDS = frozenset(
     {"data", "dataset", "datasets", "dataloader", "batch", "batches", "batcher", "sample",
@@ -256,6 +264,42 @@ def _in_data_code(frames: Sequence[FrameInfo]) -> bool:
     return any(any(p in f.path for p in _DATA_PATHS) for f in frames)
 
 
+def waits_on_others(frames: Sequence[FrameInfo]) -> bool:
+    """Whether a stack of the training thread waits on another thread or process: a
+    future, a queue, an event or condition another thread sets, a multiprocessing
+    queue or pipe, an asyncio loop running elsewhere (innermost frame first).
+
+    Shutting down (joining threads at exit) is not such a wait.
+    """
+    if not frames:
+        return False
+    leaf = frames[0]
+    if leaf.path.endswith("/threading.py"):
+        for frame in frames:
+            if frame.function in ("join", "_wait_for_tstate_lock", "_shutdown"):
+                return False
+            if any(frame.path.endswith(p) for p in _DELEGATING):
+                continue
+            # An event, condition or semaphore the loop itself waits on, or one a
+            # library that hands work over waits on for it.
+            return not is_library(frame.filename) or any(p in frame.path for p in _HANDOFF_PATHS)
+        return False
+    for frame in frames:
+        if any(frame.path.endswith(p) for p in _DELEGATING):
+            continue
+        if any(p in frame.path for p in _HANDOFF_PATHS):
+            return True
+        break
+    callees = leaf.callees
+    if callees and not is_library(leaf.filename):
+        last = callees[-1]
+        if last in _WAIT_CALLS:
+            return True
+        if last == "get" and any(name_words(n) & _QUEUE_WORDS for n in callees[:-1]):
+            return True  # a queue implemented in C (queue.SimpleQueue)
+    return False
+
+
 def classify_outside(frames: Sequence[FrameInfo]) -> str:
     """The state of one stack of the training thread between steps, innermost frame first."""
     if not frames:
@@ -267,6 +311,10 @@ def classify_outside(frames: Sequence[FrameInfo]) -> str:
         state = _frame_function_state(frame)
         if state is not None:
             return state
+    if waits_on_others(frames):
+        # Waiting for a producer: a pool's futures, a prefetch thread's queue, producer
+        # processes, an event loop elsewhere (what they do is sampled meanwhile).
+        return "ipc_wait"
     leaf = _callee_state(frames[0].callees)
     if leaf == "sleep" and _data_named(frames[0]):
         # A data function that sleeps polls or rate-limits its source: waiting for data.

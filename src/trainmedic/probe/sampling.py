@@ -34,9 +34,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import FrameType
 
 from trainmedic.probe.stacks import FLUSH_S, ActivityAggregate, StackCache
 from trainmedic.record.types import LoaderActivity
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from trainmedic.probe.handoff import HelperSampler
 
 FAST_S = 0.02
 """Seconds between two samples at most often (a stall in progress, start-up)."""
@@ -72,6 +77,13 @@ FIRST_S = 0.005
 a wake-up lands where the training thread lets go of the interpreter lock, and
 torch ops let go of it: in a loop that prepares batches in Python, about half
 the wake-ups find the thread inside the step's compute and sample nothing."""
+FIRST_SHORT_S = 0.001
+""":data:`FIRST_S` for steps shorter than it (more than one step between two
+wake-ups): a loop of sub-millisecond steps may train for a few hundred
+milliseconds in all (pytorch/examples' ``regression``: 300 steps of 0.2 ms), and
+at one wake-up per 5 ms its diagnosis would get a dozen samples, too few to
+name anything. The first samples then cost about 100 wake-ups within 0.1-0.2 s,
+once per process."""
 WORKER_FAST_S = 0.05
 """Seconds between two samples of a saturated DataLoader worker."""
 STALL_FACTOR = 4.0
@@ -124,6 +136,8 @@ class MainPolicy:
         stats: recent steps (kept by the probe's thread).
         waiting_since: when the current wait for data began (probe clock), or ``None``.
         clock: the clock of ``waiting_since``.
+        steps: the training steps taken so far (the tracker's count), to tell steps
+            shorter than :data:`FIRST_S` before their statistics are known.
     """
 
     def __init__(
@@ -131,12 +145,28 @@ class MainPolicy:
         stats: StepStats,
         waiting_since: Callable[[], float | None],
         clock: Callable[[], float],
+        steps: Callable[[], int] | None = None,
     ) -> None:
         self._stats = stats
         self._waiting_since = waiting_since
         self._clock = clock
+        self._steps = steps
+        self._last_count: tuple[float, int] | None = None
+        self._short = False
         self.taken = 0
         """Samples of a waiting thread taken so far."""
+
+    def _first(self) -> float:
+        """The period of the first samples: :data:`FIRST_SHORT_S` while steps are
+        shorter than :data:`FIRST_S`, else :data:`FIRST_S`."""
+        if self._steps is None:
+            return FIRST_S
+        now, count = self._clock(), self._steps()
+        last = self._last_count
+        if last is not None and now > last[0] and count > last[1]:
+            self._short = (count - last[1]) / (now - last[0]) > 1.0 / FIRST_S
+        self._last_count = (now, count)
+        return FIRST_SHORT_S if self._short else FIRST_S
 
     def period(self, last_state: str | None) -> float:
         if last_state is not None:
@@ -145,12 +175,12 @@ class MainPolicy:
         if not stats.known:
             # Steps are known only from the probe's first send (0.2-0.5 s in): a run
             # that short still needs its first samples, as often as once they are.
-            return FIRST_S if self.taken < FIRST_SAMPLES else FAST_S
+            return self._first() if self.taken < FIRST_SAMPLES else FAST_S
         share = stats.wait_share
         period = SLOW_S
         if share >= WATCH_SHARE:
             if self.taken < FIRST_SAMPLES:
-                return FIRST_S
+                return self._first()
             rate = WAIT_SAMPLES_PER_S if self.taken < KNOWN_SAMPLES else KNOWN_SAMPLES_PER_S
             period = min(SLOW_S, max(FAST_S, share / rate))
         since = self._waiting_since()
@@ -219,6 +249,7 @@ class StackSampler:
         self._check = check
         self.aggregate = ActivityAggregate()
         self._cache = StackCache()
+        self._helpers: HelperSampler | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -245,19 +276,33 @@ class StackSampler:
             self._check()
         frames = sys._current_frames()
         taken = 0
+        waiting = False
         for ident, role in targets:
             frame = frames.get(ident)
             if frame is None:
                 continue
-            state, key = self._cache.classify(frame, role)
+            state, key, hands_off = self._cache.classify_wait(frame, role)
             del frame
             with self._lock:
                 self.aggregate.add_classified(state, key)
             self.last_state = state
+            waiting = waiting or hands_off
             taken += 1
+        if waiting:
+            # The training thread waits on others: what they do is what the wait costs.
+            self._sample_helpers(frames, frozenset(ident for ident, _ in targets))
         del frames
         self.samples += taken
         return taken
+
+    def _sample_helpers(self, frames: dict[int, FrameType], skip: frozenset[int]) -> None:
+        if self._helpers is None:
+            from trainmedic.probe.handoff import HelperSampler
+
+            self._helpers = HelperSampler(self._cache.classify)
+        observations, keys = self._helpers.sample(frames, skip)
+        with self._lock:
+            self.aggregate.add_handoff(observations, keys)
 
     def flush(self) -> None:
         """Send what has been counted so far (safe from any thread)."""

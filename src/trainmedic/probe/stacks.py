@@ -268,12 +268,28 @@ def classify(frames: Sequence[FrameInfo], role: str) -> str:
 def classify_for_role(frames: Sequence[FrameInfo], role: str) -> str:
     """:func:`classify`, except for the training thread between steps without a
     DataLoader (``role == "self"``): there the loop's own work is named (sleep,
-    logging, syncs...) instead of all of it being called data preparation."""
+    logging, syncs...) instead of all of it being called data preparation; and
+    for a thread working for it (``role == "helper"``,
+    :func:`trainmedic.probe.handoff.classify_helper`)."""
     if role == "self":
         from trainmedic.probe.host_states import classify_outside
 
         return classify_outside(frames)
+    if role == "helper":
+        from trainmedic.probe.handoff import classify_helper
+
+        return classify_helper(frames)
     return classify(frames, role)
+
+
+def hands_off(frames: Sequence[FrameInfo], role: str) -> bool:
+    """Whether the training thread's stack (role ``self``) waits on another thread or
+    process, whose work is then sampled too (:mod:`trainmedic.probe.handoff`)."""
+    if role != "self":
+        return False
+    from trainmedic.probe.host_states import waits_on_others
+
+    return waits_on_others(frames)
 
 
 def read_frames(frame: FrameType | None, limit: int = MAX_FRAMES) -> list[FrameInfo]:
@@ -304,11 +320,15 @@ def stack_signature(frame: FrameType | None, limit: int = MAX_FRAMES) -> tuple[o
 
 
 class ActivityAggregate:
-    """Counts of states and frames since the last flush."""
+    """Counts of states and frames since the last flush; with what the threads and
+    processes the training thread waited on did meanwhile (``handoff``,
+    :mod:`trainmedic.probe.handoff`) and their most frequent frames."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.frames: Counter[str] = Counter()
+        self.handoff: Counter[str] = Counter()
+        self.helper_frames: Counter[str] = Counter()
 
     def add(self, frames: Sequence[FrameInfo], role: str) -> str:
         state = classify_for_role(frames, role)
@@ -321,6 +341,13 @@ class ActivityAggregate:
         if state != "idle":
             self.frames[key] += 1
 
+    def add_handoff(self, observations: Counter[str], keys: Counter[str]) -> None:
+        """Count one moment the training thread waited on others, and what they did."""
+        from trainmedic.probe.handoff import WAITS
+
+        self.handoff[WAITS] += 1
+        self.handoff.update(observations)
+        self.helper_frames.update(keys)
 
     def take(self, t: float, pid: int) -> LoaderActivity | None:
         """The aggregate as a record (``None`` when empty), and start over."""
@@ -329,9 +356,15 @@ class ActivityAggregate:
         counts = {s: self.counts.get(s, 0) for s in STATES}
         counts.update({s: n for s, n in self.counts.items() if s not in counts})
         top = dict(self.frames.most_common(TOP_FRAMES))
+        handoff = dict(self.handoff)
+        helper_top = dict(self.helper_frames.most_common(TOP_FRAMES))
         self.counts = Counter()
         self.frames = Counter()
-        return LoaderActivity(t=t, pid=pid, counts=counts, top_frames=top)
+        self.handoff = Counter()
+        self.helper_frames = Counter()
+        return LoaderActivity(
+            t=t, pid=pid, counts=counts, top_frames=top, handoff=handoff, helper_frames=helper_top
+        )
 
 
 class StackCache:
@@ -343,16 +376,21 @@ class StackCache:
 
     def __init__(self, size: int = CACHE_MAX) -> None:
         self._size = size
-        self._known: dict[tuple[object, ...], tuple[str, str]] = {}
+        self._known: dict[tuple[object, ...], tuple[str, str, bool]] = {}
 
     def classify(self, frame: FrameType, role: str) -> tuple[str, str]:
         """(state, frame key) of the stack from ``frame`` outwards, for ``role``."""
+        state, key, _ = self.classify_wait(frame, role)
+        return state, key
+
+    def classify_wait(self, frame: FrameType, role: str) -> tuple[str, str, bool]:
+        """(state, frame key, whether it waits on other threads or processes: :func:`hands_off`)."""
         signature = (role, *stack_signature(frame))
         known = self._known.get(signature)
         if known is None:
             frames = read_frames(frame)
             state = classify_for_role(frames, role)
-            known = (state, frame_key(frames) if state != "idle" else "")
+            known = (state, frame_key(frames) if state != "idle" else "", hands_off(frames, role))
             if len(self._known) >= self._size:
                 self._known.clear()
             self._known[signature] = known

@@ -303,14 +303,25 @@ def encode_loader_activity(a: LoaderActivity) -> dict[str, Any]:
     out: dict[str, Any] = {"t": rounded(a.t, TIME_DIGITS), "pid": a.pid, "counts": dict(a.counts)}
     if a.top_frames:
         out["top_frames"] = dict(a.top_frames)
+    if a.handoff:
+        out["handoff"] = dict(a.handoff)
+    if a.helper_frames:
+        out["helper_frames"] = dict(a.helper_frames)
     return out
 
 
+def _counts(obj: Any) -> dict[str, int]:
+    return {str_value(k): int_value(v) for k, v in mapping(obj or {}).items()}
+
+
 def decode_loader_activity(obj: Mapping[str, Any]) -> LoaderActivity:
-    counts = {str_value(k): int_value(v) for k, v in mapping(obj["counts"]).items()}
-    frames = {str_value(k): int_value(v) for k, v in mapping(obj.get("top_frames") or {}).items()}
     return LoaderActivity(
-        t=float(obj["t"]), pid=int_value(obj["pid"]), counts=counts, top_frames=frames
+        t=float(obj["t"]),
+        pid=int_value(obj["pid"]),
+        counts=_counts(obj["counts"]),
+        top_frames=_counts(obj.get("top_frames")),
+        handoff=_counts(obj.get("handoff")),
+        helper_frames=_counts(obj.get("helper_frames")),
     )
 
 

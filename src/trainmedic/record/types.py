@@ -124,12 +124,20 @@ class LoaderActivity:
         counts: samples per state: ``transform`` (computing), ``file_read``,
             ``socket_wait``, ``ipc_wait``, ``idle``, ``other``.
         top_frames: most frequent leaf frames, ``"file:line func" -> samples``.
+        handoff: while the training thread waited on other threads or processes
+            (a pool's futures, a queue, an event loop elsewhere): ``waits``, the
+            samples of it that waited so, and what the others did meanwhile,
+            ``thread:<state>`` / ``process:<state>`` observations
+            (:mod:`trainmedic.probe.handoff`); empty when it never did.
+        helper_frames: those threads' most frequent frames while they worked.
     """
 
     t: float
     pid: int
     counts: Mapping[str, int]
     top_frames: Mapping[str, int] = field(default_factory=dict)
+    handoff: Mapping[str, int] = field(default_factory=dict)
+    helper_frames: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

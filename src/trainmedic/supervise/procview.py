@@ -19,47 +19,24 @@ that is gone is ``None``) for what the silence classifier needs
   (``/sys/dev/block/M:m/stat``), else the machine's written-back pages
   (``/proc/vmstat`` ``nr_written``): storage working through an ``fsync``.
 
-Every reader takes the ``/proc`` (and ``/sys``) root as a seam for tests.
+Every reader takes the ``/proc`` (and ``/sys``) root as a seam for tests. The
+system-call numbers live in :mod:`trainmedic.host.threadstate`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainmedic.host.threadstate import parse_syscall
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MAX_FDS = 512
 """At most this many descriptors of a process are looked at."""
-
-# System calls a thread waits in, by number, for the architectures torch runs on.
-_SYSCALLS = {
-    "x86_64": {
-        0: "read", 1: "write", 3: "close", 7: "poll", 17: "pread64", 18: "pwrite64",
-        19: "readv", 20: "writev", 23: "select", 34: "pause", 35: "nanosleep",
-        42: "connect", 43: "accept", 45: "recvfrom", 47: "recvmsg", 61: "wait4",
-        74: "fsync", 75: "fdatasync", 202: "futex", 230: "clock_nanosleep",
-        232: "epoll_wait", 247: "waitid", 270: "pselect6", 271: "ppoll",
-        277: "sync_file_range", 281: "epoll_pwait", 288: "accept4", 441: "epoll_pwait2",
-    },
-    "aarch64": {
-        22: "epoll_pwait", 57: "close", 63: "read", 64: "write", 65: "readv", 66: "writev",
-        67: "pread64", 68: "pwrite64", 72: "pselect6", 73: "ppoll", 82: "fsync",
-        83: "fdatasync", 84: "sync_file_range", 95: "waitid", 98: "futex", 101: "nanosleep",
-        115: "clock_nanosleep", 202: "accept", 203: "connect", 207: "recvfrom",
-        212: "recvmsg", 242: "accept4", 260: "wait4", 441: "epoll_pwait2",
-    },
-}  # fmt: skip
-_FD_SYSCALLS = frozenset(
-    {
-        "read", "write", "close", "pread64", "pwrite64", "readv", "writev", "connect",
-        "accept", "accept4", "recvfrom", "recvmsg", "fsync", "fdatasync", "sync_file_range",
-    }
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -126,31 +103,6 @@ def _io_fields(text: str | None) -> tuple[int | None, int | None]:
     if "rchar" in values and "wchar" in values:
         chars = values["rchar"] + values["wchar"]
     return chars, values.get("write_bytes")
-
-
-def parse_syscall(text: str | None, machine: str | None = None) -> tuple[str | None, int | None]:
-    """The system call name (``running`` when on a CPU) and its descriptor argument
-    from ``/proc/<pid>/syscall``."""
-    if not text:
-        return None, None
-    parts = text.split()
-    if not parts:
-        return None, None
-    if parts[0] == "running":
-        return "running", None
-    try:
-        number = int(parts[0])
-    except ValueError:
-        return None, None
-    if number < 0:
-        return "none", None  # blocked outside a system call (a page fault)
-    table = _SYSCALLS.get(machine or platform.machine(), {})
-    name = table.get(number, f"syscall {number}")
-    fd = None
-    if name in _FD_SYSCALLS and len(parts) > 1:
-        with contextlib.suppress(ValueError):
-            fd = int(parts[1], 16)
-    return name, fd
 
 
 def read_process(

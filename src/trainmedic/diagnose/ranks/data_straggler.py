@@ -11,8 +11,9 @@ from trainmedic.diagnose.input_causes import input_cause
 from trainmedic.diagnose.ranks.compare import compare_ranks
 from trainmedic.diagnose.ranks.thresholds import RankThresholds
 from trainmedic.diagnose.ranks.units import mean, ms, nodes, ranks_word
+from trainmedic.diagnose.sampled import dominant_state, sampled, share_evidence
 from trainmedic.diagnose.thresholds import Thresholds
-from trainmedic.diagnose.view import BUSY_STATES, RunView, share_of
+from trainmedic.diagnose.view import BUSY_STATES, RunView
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.record.ranks import (
     RankStats,
@@ -109,16 +110,10 @@ def _data_cause(
     transforms), then its node's load, then the input rule on its processes alone."""
     mine = _activity(view, pids)
     busy = sum(mine[k] for k in BUSY_STATES)
-    shares = {k: share_of(mine, k, BUSY_STATES) for k in BUSY_STATES}
     ev: dict[str, Any] = {}
     if busy:
-        ev.update({f"loader_{k}_share": round(v, 4) for k, v in shares.items()})
-        ev["loader_stack_samples"] = busy
-    dominant = None
-    if busy >= th.activity_min_samples:
-        top = max(BUSY_STATES, key=lambda k: shares[k])
-        if shares[top] >= th.activity_dominant_share:
-            dominant = top
+        ev.update(share_evidence("loader_", mine, BUSY_STATES, th, "loader_stack_samples"))
+    dominant = dominant_state(mine, BUSY_STATES, th)
     if dominant == "file_read":
         return (
             Category.IO,
@@ -167,7 +162,7 @@ def _prepares_data(view: RunView, th: Thresholds, rt: RankThresholds, pids: froz
     mine = _activity(view, pids)
     total = sum(mine.values())
     busy = sum(mine[k] for k in ("transform", "file_read", "socket_wait"))
-    return total >= th.activity_min_samples and busy >= rt.corroboration * total
+    return sampled(busy, total, th).versus(rt.corroboration) is True
 
 
 def _activity(view: RunView, pids: frozenset[int]) -> Counter[str]:

@@ -1,0 +1,254 @@
+"""Following the training thread's wait to the threads and processes doing the work
+(trainmedic.probe.handoff): what a helper's stack and kernel state say, and the sampler
+looking at them only while the training thread waits on them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainmedic.host.threadstate import KernelState
+from trainmedic.probe.frames import FrameInfo
+from trainmedic.probe.handoff import (
+    HelperSampler,
+    classify_helper,
+    process_state,
+    refine,
+)
+from trainmedic.probe.host_states import waits_on_others
+from trainmedic.probe.sampling import StackSampler
+from trainmedic.probe.stacks import StackCache, read_frames
+from trainmedic.record.types import LoaderActivity
+
+LIB = sysconfig.get_paths()["stdlib"]
+LINUX = sys.platform.startswith("linux") and Path("/proc/self/task").is_dir()
+USER = "/home/me/project/train.py"
+
+
+def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> FrameInfo:
+    return FrameInfo(path, 1, function, callees)
+
+
+@pytest.mark.parametrize(
+    ("stack", "waits"),
+    [
+        # future.result() of a thread or process pool
+        ([f(f"{LIB}/threading.py", "wait"), f(f"{LIB}/concurrent/futures/_base.py", "result"),
+          f(USER)], True),
+        # a prefetch thread's queue.Queue
+        ([f(f"{LIB}/threading.py", "wait"), f(f"{LIB}/queue.py", "get"), f(USER)], True),
+        # producer processes' multiprocessing.Queue
+        ([f(f"{LIB}/multiprocessing/connection.py", "_recv"),
+          f(f"{LIB}/multiprocessing/queues.py", "get"), f(USER)], True),
+        # run_coroutine_threadsafe(...).result(): a concurrent future too
+        ([f(f"{LIB}/threading.py", "wait"), f(f"{LIB}/concurrent/futures/_base.py", "result"),
+          f(USER, "next_batch")], True),
+        # an event another thread sets, waited on by the loop itself
+        ([f(f"{LIB}/threading.py", "wait"), f(f"{LIB}/threading.py", "wait"), f(USER)], True),
+        # a C queue (queue.SimpleQueue), a lock
+        ([f(USER, callees=("ready", "get"))], True),
+        ([f(USER, callees=("lock", "acquire"))], True),
+        # not waiting on others: joining threads at exit, a dict lookup, a socket, compute
+        ([f(f"{LIB}/threading.py", "_wait_for_tstate_lock"), f(f"{LIB}/threading.py", "join"),
+          f(f"{LIB}/threading.py", "_shutdown")], False),
+        ([f(USER, callees=("cache", "get"))], False),
+        ([f(f"{LIB}/socket.py", "readinto"), f(USER)], False),
+        ([f(USER, "make_batch")], False),
+        ([], False),
+    ],
+)  # fmt: skip
+def test_the_training_thread_waiting_on_others_is_recognised(
+    stack: list[FrameInfo], waits: bool
+) -> None:
+    assert waits_on_others(stack) is waits
+
+
+@pytest.mark.parametrize(
+    ("stack", "state"),
+    [
+        # a pool thread waiting for a task
+        ([f(f"{LIB}/threading.py", "wait"), f(f"{LIB}/queue.py", "get"),
+          f(f"{LIB}/concurrent/futures/thread.py", "_worker")], "idle"),
+        # fetching: a socket read, a file read
+        ([f(f"{LIB}/socket.py", "readinto"), f(USER, "fetch")], "socket"),
+        ([f(USER, "fetch", ("os", "read"))], "file"),
+        # an asyncio loop waiting for its descriptors
+        ([f(f"{LIB}/selectors.py", "select"), f(f"{LIB}/asyncio/base_events.py", "_run_once"),
+          f(f"{LIB}/asyncio/base_events.py", "run_forever")], "poll"),
+        # computing in Python (bytecode), or inside a call into C
+        ([f(USER, "featurize"), f(f"{LIB}/concurrent/futures/thread.py", "run")], "python"),
+        ([f(USER, "featurize", ("np", "fft", "fft"))], "native"),
+        # a pool thread running a task that is itself a C function (pool.submit(sock.recv))
+        ([f(f"{LIB}/concurrent/futures/thread.py", "run", ("self", "fn")),
+          f(f"{LIB}/concurrent/futures/thread.py", "_worker")], "native"),
+        # blocked: a sleep, an event
+        ([f(USER, "throttle", ("time", "sleep"))], "wait"),
+        ([f(f"{LIB}/threading.py", "wait"), f(USER, "produce")], "wait"),
+    ],
+)  # fmt: skip
+def test_a_helper_threads_stack(stack: list[FrameInfo], state: str) -> None:
+    assert classify_helper(stack) == state
+
+
+@pytest.mark.parametrize(
+    ("stack_state", "kernel", "sockets", "state"),
+    [
+        ("python", None, False, "python"),  # bytecode: no kernel reading needed
+        ("socket", None, False, "socket"),
+        ("poll", None, True, "socket"),  # an event loop holding connections
+        ("poll", None, False, "poll"),
+        ("native", KernelState("R", "running"), False, "cpu"),
+        ("native", KernelState("S", "futex"), False, "python"),  # back for the lock
+        ("native", KernelState("S", "recvfrom", "socket"), False, "socket"),  # C I/O
+        ("native", KernelState("S", "read", "file"), False, "file"),
+        ("native", KernelState("D", "read", "file"), False, "file"),
+        ("native", KernelState("S", "read", "pipe"), False, "wait"),
+        ("other", KernelState("S", "poll"), True, "socket"),
+        ("other", KernelState("S", "nanosleep"), False, "wait"),
+    ],
+)
+def test_the_kernel_state_refines_what_a_stack_cannot_tell(
+    stack_state: str, kernel: KernelState | None, sockets: bool, state: str
+) -> None:
+    assert refine(stack_state, kernel, sockets) == state
+
+
+@pytest.mark.parametrize(
+    ("kernel", "sockets", "state"),
+    [
+        (KernelState("R", "running"), False, "cpu"),
+        (KernelState("S", "recvfrom", "socket"), False, "socket"),
+        (KernelState("S", "poll"), True, "socket"),  # Python's socket timeout polls
+        (KernelState("S", "poll"), False, "poll"),
+        (KernelState("D", "read", "file"), False, "file"),
+        (KernelState("S", "futex"), False, "idle"),  # on a full queue
+        (KernelState("S", "nanosleep"), False, "wait"),
+        (None, False, None),
+    ],
+)
+def test_a_child_process_from_its_kernel_state(
+    kernel: KernelState | None, sockets: bool, state: str | None
+) -> None:
+    assert process_state(kernel, sockets) == state
+
+
+# --- live threads --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def socket_pool() -> Iterator[tuple[concurrent.futures.Future[bytes], list[threading.Thread]]]:
+    """Two pool threads blocked reading sockets nobody writes to yet, and a future on one."""
+    pairs = [socket.socketpair() for _ in range(2)]
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="fetch")
+    futures = [pool.submit(a.recv, 1) for a, _ in pairs]
+    deadline = time.monotonic() + 5
+    while len(pool._threads) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)  # both inside recv
+    yield futures[0], list(pool._threads)
+    for _, b in pairs:
+        b.send(b"x")
+    pool.shutdown(wait=True)
+    for a, b in pairs:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_the_sampler_follows_a_wait_on_futures_to_threads_in_socket_reads(
+    socket_pool: tuple[concurrent.futures.Future[bytes], list[threading.Thread]],
+) -> None:
+    future, helpers = socket_pool
+    waiter = threading.Thread(target=future.result, daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        stack = read_frames(sys._current_frames().get(waiter.ident or 0))
+        if stack and waits_on_others(stack):
+            break
+        time.sleep(0.001)
+    out: list[LoaderActivity] = []
+    sampler = StackSampler(lambda: [(waiter.ident or 0, "self")], out.append, pytest.fail, pid=1)
+    for _ in range(3):
+        sampler.sample_once()
+    sampler.flush()
+    (record,) = out
+    assert record.counts["ipc_wait"] == 3
+    assert record.handoff["waits"] == 3
+    assert record.handoff["thread:socket"] == 3 * len(helpers)  # both, each time
+    assert record.handoff["in_flight"] == 3 * len(helpers)
+    assert all("test_handoff" not in key for key in record.helper_frames)  # not the sampler
+
+
+def test_helpers_are_not_looked_at_while_the_training_thread_is_not_waiting_on_them(
+    socket_pool: tuple[concurrent.futures.Future[bytes], list[threading.Thread]],
+) -> None:
+    busy = threading.Event()
+
+    def compute() -> None:
+        while not busy.is_set():
+            sum(range(1000))
+
+    worker = threading.Thread(target=compute, daemon=True)
+    worker.start()
+    out: list[LoaderActivity] = []
+    sampler = StackSampler(lambda: [(worker.ident or 0, "self")], out.append, pytest.fail, pid=1)
+    try:
+        for _ in range(5):
+            sampler.sample_once()
+    finally:
+        busy.set()
+    sampler.flush()
+    assert out and not out[0].handoff and sampler._helpers is None
+
+
+def test_a_pool_computing_python_is_python_not_io() -> None:
+    stop = threading.Event()
+
+    def crunch() -> None:
+        x = 0
+        while not stop.is_set():
+            for i in range(500):
+                x = (x * 31 + i) % 1000003
+
+    threads = [threading.Thread(target=crunch, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)
+    sampler = HelperSampler(StackCache().classify, list_children=lambda: [])
+    seen: Counter[str] = Counter()
+    try:
+        for _ in range(5):
+            seen += sampler.sample(sys._current_frames(), frozenset({threading.get_ident()}))[0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+    # (a sample may catch one at a call, read from its kernel state then)
+    assert seen["thread:python"] >= 10
+    assert not seen["thread:socket"] and not seen["thread:file"]
+
+
+def test_children_are_read_from_their_kernel_state_only() -> None:
+    reads: list[tuple[int | str, int]] = []
+
+    def kernel(pid: int | str, tid: int) -> KernelState:
+        reads.append((pid, tid))
+        return KernelState("S", "poll")
+
+    sampler = HelperSampler(
+        StackCache().classify, read_kernel=kernel, list_children=lambda: [4242, 4243],
+        connections=lambda pid: 1 if pid == 4242 else 0, threads=lambda: [],
+    )  # fmt: skip
+    seen, _ = sampler.sample({}, frozenset())
+    assert reads == [(4242, 4242), (4243, 4243)]  # each child's main thread
+    assert seen == {"process:socket": 1, "process:poll": 1, "in_flight": 1}
