@@ -12,14 +12,25 @@
   forward), to show how a cost grows with the number of module calls.
 * ``seq-N``: ``deep-N`` built only from nested ``nn.Sequential`` (the root's
   class is also the class of every block).
+* ``handoff``: the ``mlp`` fed without a DataLoader: a ``ThreadPoolExecutor`` of 4
+  threads fetches each batch's 16 samples from a sample store in another process
+  (``HOST:PORT`` in the environment variable ``BENCH_STORE``;
+  ``tests/e2e/scripts/sample_store.py``), and the loop waits on the futures - the
+  shape whose wait the probe follows to the threads and to the store.
 
-Every job reads its batches from a ``DataLoader`` over tensors in memory
+Every other job reads its batches from a ``DataLoader`` over tensors in memory
 (``num_workers=0``), as small-step training does.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,12 +147,40 @@ class Job:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     loss_fn: nn.Module
-    loader: DataLoader[Any]
+    loader: Iterable[Any]
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.optimizer.zero_grad()
         self.loss_fn(self.model(x), y).backward()
         self.optimizer.step()
+
+
+class StoreBatches:
+    """Batches of ``batch`` samples fetched by a pool of ``threads`` from the sample store
+    at ``address`` (``HOST:PORT``), one connection per thread; ``batches`` an epoch."""
+
+    def __init__(self, address: str, batches: int, batch: int = 16, threads: int = 4) -> None:
+        host, port = address.rsplit(":", 1)
+        self.address = (host, int(port))
+        self.batches, self.batch = batches, batch
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads)
+        self.local = threading.local()
+        self.labels = torch.randint(0, 10, (batch,))
+
+    def fetch(self, index: int) -> torch.Tensor:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            sock = socket.create_connection(self.address, timeout=30)
+            conn = self.local.conn = (sock, sock.makefile("rb"))
+        sock, reader = conn
+        sock.sendall(f"{index}\n".encode())
+        (n,) = struct.unpack(">I", reader.read(4))
+        return torch.frombuffer(bytearray(reader.read(n)), dtype=torch.float32)[:64]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for b in range(self.batches):
+            futures = [self.pool.submit(self.fetch, b * self.batch + i) for i in range(self.batch)]
+            yield torch.stack([f.result() for f in futures]), self.labels
 
 
 def build(name: str, batches: int = 256) -> Job:
@@ -157,7 +196,7 @@ def build(name: str, batches: int = 256) -> Job:
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         loss_fn = nn.CrossEntropyLoss()
-    elif name == "mlp":
+    elif name in ("mlp", "handoff"):
         batch = 64
         n = batches * batch
         data = TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,)))
@@ -191,7 +230,14 @@ def build(name: str, batches: int = 256) -> Job:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         loss_fn = TokenLoss()
     else:
-        raise ValueError(f"unknown model {name!r}: mlp, deep, transformer, deep-N or seq-N")
+        raise ValueError(
+            f"unknown model {name!r}: mlp, deep, transformer, tiny, handoff, deep-N or seq-N"
+        )
+    if name == "handoff":
+        store = os.environ.get("BENCH_STORE")
+        if not store:
+            raise ValueError("the handoff job needs BENCH_STORE=HOST:PORT of a sample store")
+        return Job(model, optimizer, loss_fn, StoreBatches(store, batches))
     loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
     return Job(model, optimizer, loss_fn, loader)
 

@@ -26,6 +26,10 @@ of several runs.
     python benchmarks/overhead.py [--models mlp,deep,transformer] [--rounds 7]
         [--seconds 4] [--doctor-runs 7] [--ablate] [--no-profiler]
 
+``--models handoff`` (``bench_models``) runs a sample store
+(``tests/e2e/scripts/sample_store.py``, answering after ``--store-latency-ms``)
+for the rounds of that job, in a process of its own.
+
 ``--baseline-src DIR`` adds ``trainmedic run`` from another source tree
 (``git archive <commit> src | tar -x -C DIR``, then ``DIR/src``), interleaved
 with the rest: before and after a change, in the same rounds.
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import json
 import os
 import random
@@ -48,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,6 +242,23 @@ def overhead(
     return results
 
 
+@contextlib.contextmanager
+def store_for(model: str, latency_ms: float) -> Iterator[None]:
+    """The sample store the ``handoff`` job fetches from, its address in ``BENCH_STORE``."""
+    if model != "handoff":
+        yield
+        return
+    sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
+    from corpus import sample_store  # the corpus's store: the same process, the same wire
+
+    with sample_store(latency_ms / 1000.0) as address:
+        os.environ["BENCH_STORE"] = address
+        try:
+            yield
+        finally:
+            os.environ.pop("BENCH_STORE", None)
+
+
 def doctor_times(runs: int) -> list[float]:
     argv = [sys.executable, "-m", "trainmedic", "doctor"]
     out = []
@@ -352,6 +375,9 @@ def main() -> None:
     parser.add_argument("--ablate", action="store_true", help="also runs that find where it goes")
     parser.add_argument("--baseline-src", help="a source tree whose trainmedic run to compare")
     parser.add_argument(
+        "--store-latency-ms", type=float, default=1.0, help="the handoff job's sample store"
+    )
+    parser.add_argument(
         "--no-profiler", action="store_true", help="no torch.profiler runs"
     )
     args = parser.parse_args()
@@ -369,7 +395,8 @@ def main() -> None:
     results = []
     if args.rounds > 0:
         for model in args.models.split(","):
-            results.append(overhead(model, args.rounds, args.seconds, args.threads, modes))
+            with store_for(model, args.store_latency_ms):
+                results.append(overhead(model, args.rounds, args.seconds, args.threads, modes))
     doctor = doctor_times(args.doctor_runs) if args.doctor_runs > 0 else []
     print(report(results, doctor, args))
 

@@ -209,3 +209,70 @@ def test_sizing_reads_the_measured_wait_and_cores() -> None:
     assert sizing.rate_needed == pytest.approx(BATCH / (STEP - WAIT))
     # No CPU seen in 336 observations: its upper bound, a few ms a step, not zero.
     assert 0 < sizing.cpu_s < sizing.compute_s
+
+
+# --- a data server on this machine at the far end of the helpers' sockets ------------------
+
+
+def test_a_local_server_that_computes_each_answer_is_its_cpu_not_the_network() -> None:
+    # The pool's 4 threads sit in socket reads, and the store answering them is on a CPU
+    # whenever they wait (1.3 threads at a time): more requests in flight would queue.
+    f = first(handoff_record(make_handoff(
+        waits=84, threads={"socket": 330, "idle": 6}, server={"cpu": 84}, server_running=109,
+    ), others=65.0))  # fmt: skip
+    assert (f.id, f.category) == ("input.server_cpu", Category.CPU)
+    ev = f.evidence
+    assert ev["data_server_pid"] == 4242 and ev["data_server"] == "python store.py --port 7000"
+    assert ev["server_resource"] == "cpu" and ev["server_cpu_share"] == 1.0
+    assert ev["server_threads_on_cpu"] == pytest.approx(109 / 84, abs=0.01)
+    assert "pid 4242: python store.py" in f.fix
+    assert "ThreadPoolExecutor" not in f.fix and "samples in flight" not in f.fix
+    assert "interpreter lock" in f.fix  # a Python server near one core
+    # Its CPU per step: 1.3 cores x the 122 ms wait, on the 2 cores (the host's "others"
+    # are the server itself here): the step can only come down to that.
+    server_s = 109 / 84 * WAIT
+    assert ev["server_cpu_ms_per_step"] == pytest.approx(server_s * 1000, rel=0.01)
+    assert ev["predicted_step_s"] == pytest.approx((server_s + STEP - WAIT) / 2.0, rel=0.02)
+    assert ev["speedup_limited_by"] == "cpu"
+
+
+def test_a_computing_server_with_the_cores_full_wants_cheaper_answers() -> None:
+    f = first(handoff_record(make_handoff(
+        waits=84, threads={"socket": 330}, server={"cpu": 84}, server_running=84,
+    ), others=100.0 + 70.0))  # fmt: skip
+    # others: the server's core and 0.7 of someone else's, on 2 cores: 0.3 spare
+    assert f.id == "input.server_cpu" and f.evidence["server_cores_full"] is True
+    assert "cores are full" in f.fix and "processes of it" not in f.fix
+
+
+@pytest.mark.parametrize(
+    ("server", "expected", "category"),
+    [
+        ({"wait": 80}, "input.network", Category.NETWORK),  # it sleeps: a latency
+        ({"file": 70, "wait": 10}, "input.io", Category.IO),  # it reads a disk
+        ({"cpu": 8, "wait": 72}, "input.network", Category.NETWORK),  # computes a little
+        ({"cpu": 12}, "input.network", Category.NETWORK),  # too few looks to say
+    ],
+)
+def test_a_local_server_that_waits_or_reads_is_latency_not_cpu(
+    server: dict[str, int], expected: str, category: Category
+) -> None:
+    f = first(handoff_record(make_handoff(
+        waits=84, threads={"socket": 330}, server=server, server_running=server.get("cpu", 0),
+    )))  # fmt: skip
+    assert (f.id, f.category) == (expected, category)
+    assert "samples in flight" in f.fix
+    if sum(server.values()) >= TH.activity_min_samples:
+        assert f.evidence["server_resource"] == category.value
+        assert "data server on this machine" in f.title
+
+
+def test_a_server_computing_a_share_of_each_answer_bounds_the_gain_of_more_in_flight() -> None:
+    # A third of its looks on a CPU: latency still, but the server's CPU caps the gain.
+    f = first(handoff_record(make_handoff(
+        waits=84, threads={"socket": 330}, server={"cpu": 28, "wait": 56}, server_running=56,
+    ), step=0.146, wait=0.140))  # fmt: skip
+    ev = f.evidence
+    assert f.id == "input.network" and ev["speedup_limited_by"] == "server"
+    assert ev["predicted_step_s"] == pytest.approx(56 / 84 * 0.140 / 2.0, rel=0.02)
+    assert "bounded by the data server's CPU" in f.fix

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from support.builders import (
@@ -399,3 +401,38 @@ def test_others_that_only_use_what_the_job_leaves_take_no_room() -> None:
     record = make_record(steps, host=waited, loaders=[make_loader(0)],
                          activity=[make_activity(pid=JOB_PID, transform=90)])  # fmt: skip
     assert run_input(record)[0].id == "input.cpu"
+
+
+# --- a data server of this machine behind the sockets ------------------------------------------
+
+
+def served_record(workers: int, server: dict[str, int], running: int) -> RunRecord:
+    """``http_record``'s sockets answered by a process of this machine looked at ``server``
+    times by activity, ``running`` of its threads on a CPU over those looks."""
+    record = http_record(workers)
+    (a,) = record.loader_activity
+    looks = {f"server:{k}": v for k, v in server.items()}
+    looks.update({"server_running": running, "peer:4242 python feature_server.py": 100})
+    served = dataclasses.replace(a, handoff=looks)
+    return dataclasses.replace(record, loader_activity=(served,))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sockets_to_a_local_server_that_computes_are_its_cpu(workers: int) -> None:
+    f = diagnose_run(served_record(workers, {"cpu": 90, "wait": 10}, 95), strict=True)[0]
+    assert (f.id, f.category) == ("input.server_cpu", Category.CPU)
+    ev = f.evidence
+    assert ev["data_server_pid"] == 4242 and ev["server_cpu_share"] == pytest.approx(0.9)
+    assert "feature_server.py" in f.fix and "ThreadPoolExecutor" not in f.fix
+    assert "num_workers" not in f.fix  # more workers only queue behind the server
+    assert ev["speedup_limited_by"] == "cpu"
+    assert ("DataLoader workers" in f.title) == (workers > 0)
+
+
+@pytest.mark.parametrize("server", [{"wait": 95, "cpu": 5}, {"cpu": 15}])
+def test_sockets_to_a_local_server_that_waits_stay_the_network(server: dict[str, int]) -> None:
+    f = diagnose_run(served_record(2, server, server.get("cpu", 0)), strict=True)[0]
+    assert (f.id, f.category) == ("input.network", Category.NETWORK)
+    assert "ThreadPoolExecutor" in f.fix
+    # settled (asleep): named in the evidence; too few looks: not
+    assert ("server_resource" in f.evidence) == (sum(server.values()) >= TH.activity_min_samples)

@@ -55,7 +55,8 @@ Finding = dict[str, Any]
 class Env:
     """What a case's command may refer to: the interpreter, a scratch directory, servers
     (``store``: ``HOST:PORT`` of the sample store, a process of its own answering after
-    30 ms; ``quick_store``: the same answering at once)."""
+    30 ms; ``quick_store``: the same answering at once; ``computing_store``: the same
+    computing 20 ms of Python for each answer)."""
 
     python: str
     tmp: Path
@@ -63,6 +64,7 @@ class Env:
     throttled_url: str = ""
     store: str = ""
     quick_store: str = ""
+    computing_store: str = ""
 
     def script(self, name: str) -> str:
         return str(SCRIPTS / name)
@@ -196,6 +198,24 @@ def _handoff(e: Env, via: str, work: str, *args: str, store: str | None = None) 
             store or e.store, "--data-dir", str(e.tmp / "handoff-data"), *args]  # fmt: skip
 
 
+def _server_computes(f: Finding) -> None:
+    """A local data server computing each answer: named, its CPU measured, and the fix is
+    CPU for it - not more requests in flight, not DataLoader settings."""
+    ev = f["evidence"]
+    assert ev["server_observations"] >= 20 and ev["server_resource"] == "cpu", ev
+    assert "sample_store.py" in ev["data_server"] and f"pid {ev['data_server_pid']}" in f["fix"]
+    assert ev["server_threads_on_cpu"] >= 0.5, ev
+    assert "samples in flight" not in f["fix"] and "ThreadPoolExecutor" not in f["fix"]
+    _no_worker_advice(f)
+
+
+def _server_waits(f: Finding) -> None:
+    """The fooling twin: the same local server sleeping through each answer is latency."""
+    _handoff_in_flight(f)
+    ev = f["evidence"]
+    assert ev.get("server_resource") == "network" and "sample_store.py" in ev["data_server"], ev
+
+
 def _blind(f: Finding) -> None:
     ev = f["evidence"]
     assert ev["steps_seen"] == 0 and "-S" in ev["reason"], ev
@@ -280,7 +300,11 @@ CASES: tuple[Case, ...] = (
     # built to fool the rule: the same hand-off computing (not the network), reading
     # files, or waiting on a store that answers at once.
     Case("pool-store", "handoff", lambda e: _handoff(e, "pool", "store", "--steps", "30"),
-         "input.network", "network", check=_handoff_in_flight),
+         "input.network", "network", check=_server_waits),
+    # The store on this machine computing each answer instead of waiting: its CPU.
+    Case("pool-computing-store", "handoff", lambda e: _handoff(
+        e, "pool", "store", "--steps", "20", store=e.computing_store), "input.server_cpu",
+        "cpu", check=_server_computes),
     Case("pool-compute", "handoff", lambda e: _handoff(
         e, "pool", "compute", "--steps", "60", "--batch-size", "8"),
         "input.gil", "framework_config", check=_processes_for_python),
@@ -304,6 +328,9 @@ CASES: tuple[Case, ...] = (
     Case("direct-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "20", "--batch-size", "8"),
         "input.network", "network", check=_in_flight_beyond_cores),
+    Case("direct-computing-store", "handoff", lambda e: _handoff(
+        e, "direct", "store", "--steps", "15", "--batch-size", "8", store=e.computing_store),
+        "input.server_cpu", "cpu", check=_server_computes),
     Case("direct-quick-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "40", "--batch-size", "4", "--hidden", "1536",
         "--layers", "3", store=e.quick_store), "run.healthy", "cpu"),
@@ -366,13 +393,15 @@ def data_server(latency_s: float, bytes_per_s: float = 0.0, body: int = 1024) ->
 
 
 @contextlib.contextmanager
-def sample_store(latency_s: float, lifetime_s: float = 600.0) -> Iterator[str]:
+def sample_store(
+    latency_s: float, lifetime_s: float = 600.0, cpu_s: float = 0.0
+) -> Iterator[str]:
     """``scripts/sample_store.py`` in a process of its own; yields its ``HOST:PORT``. It
     ends when its standard input closes (here, or if this process dies) and after
     ``lifetime_s`` whatever happens."""
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "sample_store.py"), "--latency-ms",
-         str(latency_s * 1000), "--lifetime-s", str(lifetime_s)],
+         str(latency_s * 1000), "--cpu-ms", str(cpu_s * 1000), "--lifetime-s", str(lifetime_s)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -395,15 +424,16 @@ def sample_store(latency_s: float, lifetime_s: float = 600.0) -> Iterator[str]:
 @contextlib.contextmanager
 def servers(tmp: Path, python: str = sys.executable) -> Iterator[Env]:
     """The environment every case may use: HTTP with 40 ms latency, 256 KiB samples at
-    8 MiB/s, the sample store answering after 30 ms and at once."""
+    8 MiB/s, the sample store answering after 30 ms, at once, and after computing 20 ms."""
     with (
         data_server(0.040) as latency,
         data_server(0.0, 8 * 2**20, 256 * 1024) as throttled,
         sample_store(0.030) as store,
         sample_store(0.0) as quick,
+        sample_store(0.0, cpu_s=0.020) as computing,
     ):
         yield Env(python=python, tmp=tmp, latency_url=latency, throttled_url=throttled,
-                  store=store, quick_store=quick)  # fmt: skip
+                  store=store, quick_store=quick, computing_store=computing)  # fmt: skip
 
 
 @contextlib.contextmanager

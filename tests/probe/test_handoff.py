@@ -4,7 +4,9 @@ looking at them only while the training thread waits on them."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import socket
 import sys
 import sysconfig
@@ -13,14 +15,18 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
+from trainmedic.host.peers import Peer
 from trainmedic.host.threadstate import KernelState
 from trainmedic.probe.frames import FrameInfo
 from trainmedic.probe.handoff import (
     HelperSampler,
     classify_helper,
+    frame_socket,
+    loop_descriptors,
     process_state,
     refine,
 )
@@ -252,3 +258,192 @@ def test_children_are_read_from_their_kernel_state_only() -> None:
     seen, _ = sampler.sample({}, frozenset())
     assert reads == [(4242, 4242), (4243, 4243)]  # each child's main thread
     assert seen == {"process:socket": 1, "process:poll": 1, "in_flight": 1}
+
+
+# --- a server at the far end, an event loop's own descriptors --------------------------------
+
+
+def blocked_reader(sock: socket.socket) -> threading.Thread:
+    """A thread reading ``sock`` through ``makefile``, as HTTP clients and stores do."""
+    reader = sock.makefile("rb")
+    t = threading.Thread(target=reader.read, args=(4,), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        stack = read_frames(sys._current_frames().get(t.ident or 0))
+        if stack and stack[0].path.endswith("socket.py"):
+            break
+        time.sleep(0.001)
+    return t
+
+
+def test_the_socket_a_thread_reads_is_found_in_its_frames() -> None:
+    a, b = socket.socketpair()
+    try:
+        t = blocked_reader(a)
+        assert frame_socket(sys._current_frames()[t.ident or 0]) == a.fileno()
+        assert frame_socket((lambda: sys._getframe())(), depth=1) is None  # no socket there
+    finally:
+        b.send(b"abcd")
+        t.join(5)
+        a.close()
+        b.close()
+
+
+def test_helpers_on_a_socket_to_a_local_server_look_at_that_server() -> None:
+    a, b = socket.socketpair()
+    asked: list[tuple[int | str, str]] = []
+
+    def peers(pid: int | str):  # type: ignore[no-untyped-def]
+        def peer(inode: str) -> Peer | None:
+            asked.append((pid, inode))
+            return Peer(777, "python store.py")
+
+        return peer
+
+    try:
+        t = blocked_reader(a)
+        sampler = HelperSampler(
+            StackCache().classify, list_children=lambda: [], peers=peers,
+            activity=lambda pid: ("cpu", 2) if pid == 777 else None,
+        )  # fmt: skip
+        seen: Counter[str] = Counter()
+        for _ in range(3):
+            seen += sampler.sample(only(t.ident or 0), set())[0]
+    finally:
+        b.send(b"abcd")
+        t.join(5)
+        a.close()
+        b.close()
+    target = Path(f"/proc/self/fd/{a.fileno()}") if LINUX else None
+    assert seen["thread:socket"] == 3
+    assert seen["server:cpu"] == 3 and seen["server_running"] == 6
+    assert seen["peer:777 python store.py"] == 3
+    assert asked and all(pid == "self" for pid, _ in asked)
+    if target is not None:
+        assert len({inode for _, inode in asked}) == 1  # the socket the thread reads
+
+
+@contextlib.contextmanager
+def event_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        loop.close()
+
+
+def loop_frame(loop: asyncio.AbstractEventLoop) -> tuple[int, FrameType]:
+    """The loop's thread and its innermost frame, once it waits in its selector."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for ident, frame in sys._current_frames().items():
+            selector = getattr(loop, "_selector", None)
+            if frame.f_code.co_filename.endswith("selectors.py") and (
+                frame.f_locals.get("self") is selector
+            ):
+                return ident, frame
+        time.sleep(0.001)
+    raise AssertionError("the loop never waited in its selector")
+
+
+def only(ident: int) -> dict[int, FrameType]:
+    """The frames of one thread: the others of the test process are not looked at."""
+    return {ident: sys._current_frames()[ident]}
+
+
+def test_an_event_loop_on_timers_only_waits_and_is_not_the_network() -> None:
+    # The process holds a TCP connection (as DDP's store does), but the loop only sleeps.
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    with event_loop() as loop:
+        loop.call_soon_threadsafe(loop.call_later, 30, lambda: None)  # a timer, no I/O
+        ident, frame = loop_frame(loop)
+        assert loop_descriptors(frame) == []  # its own wake-up socket left out
+        del frame
+        sampler = HelperSampler(StackCache().classify, list_children=lambda: [])
+        seen = sampler.sample(only(ident), set())[0]
+    client.close()
+    server.close()
+    assert seen["thread:wait"] == 1 and not seen["thread:socket"] and not seen["in_flight"]
+
+
+def test_an_event_loop_reading_sockets_holds_one_request_on_each() -> None:
+    pairs = [socket.socketpair() for _ in range(3)]
+    expected = sorted(a.fileno() for a, _ in pairs)
+    with event_loop() as loop:
+
+        async def read_all() -> None:
+            streams = [await asyncio.open_connection(sock=a) for a, _ in pairs]
+            await asyncio.gather(*(r.read(1) for r, _ in streams))
+
+        future = asyncio.run_coroutine_threadsafe(read_all(), loop)
+        deadline = time.monotonic() + 5
+        fds: list[int] | None = []
+        ident = 0
+        while time.monotonic() < deadline and len(fds or []) < 3:
+            ident, frame = loop_frame(loop)
+            fds = loop_descriptors(frame)
+            del frame
+        sampler = HelperSampler(StackCache().classify, list_children=lambda: [])
+        seen = sampler.sample(only(ident), set())[0]
+        for _, b in pairs:
+            b.send(b"x")
+        future.result(5)
+    for a, b in pairs:
+        a.close()
+        b.close()
+    assert sorted(fds or []) == expected
+    assert seen["thread:socket"] == 1 and seen["in_flight"] == 3
+
+
+BUSY_SERVER = """
+import os, socket, sys, threading
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+print("accepted", flush=True)
+x = 0
+while True:
+    x = (x * 31 + 7) % 1000003
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_a_loop_reading_a_socket_itself_looks_at_the_server_answering() -> None:
+    import subprocess
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", BUSY_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert server.stdout is not None
+    sock = socket.create_connection(("127.0.0.1", int(server.stdout.readline())))
+    assert server.stdout.readline().strip() == "accepted"
+    reader = blocked_reader(sock)
+    try:
+        out: list[LoaderActivity] = []
+        sampler = StackSampler(
+            lambda: [(reader.ident or 0, "self")], out.append, pytest.fail, pid=1
+        )
+        for _ in range(20):
+            sampler.sample_once()
+        sampler.flush()
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(10)
+        sock.close()
+        reader.join(5)
+    (record,) = out
+    assert record.counts["socket_wait"] == 20
+    assert "waits" not in record.handoff  # no hand-off: the loop itself waits
+    looks = sum(n for k, n in record.handoff.items() if k.startswith("server:"))
+    assert looks == 20 and record.handoff["server:cpu"] >= 15  # (a look may catch it off)
+    (peer,) = [k for k in record.handoff if k.startswith("peer:")]
+    assert peer.startswith(f"peer:{server.pid} python -c") and record.handoff[peer] == 20

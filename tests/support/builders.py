@@ -215,18 +215,27 @@ def make_handoff(
     in_flight: float | None = None,
     own: Mapping[str, int] | None = None,
     frames: Mapping[str, int] | None = None,
+    server: Mapping[str, int] | None = None,
+    server_running: int = 0,
+    peer: str = "4242 python store.py --port 7000",
 ) -> LoaderActivity:
     """Samples of a training thread between steps (no DataLoader) that waited ``waits``
     times on other threads or processes (``ipc_wait``, plus its ``own`` other states),
     and what those did meanwhile: ``threads``/``processes`` observations by state
     (``socket=40, idle=4``). ``in_flight``: requests in flight summed over them (default:
-    one per thread or process in ``socket`` or ``file``)."""
+    one per thread or process in ``socket`` or ``file``). ``server``: observations of the
+    process ``peer`` at the far end of their sockets, by activity, with ``server_running``
+    of its threads on a CPU over them."""
     threads, processes = dict(threads or {}), dict(processes or {})
     handoff: dict[str, int] = {"waits": waits}
     handoff.update({f"thread:{k}": v for k, v in threads.items()})
     handoff.update({f"process:{k}": v for k, v in processes.items()})
     io = sum(obs.get(k, 0) for obs in (threads, processes) for k in ("socket", "file"))
     handoff["in_flight"] = int(io if in_flight is None else in_flight)
+    if server:
+        handoff.update({f"server:{k}": v for k, v in server.items()})
+        handoff["server_running"] = server_running
+        handoff[f"peer:{peer}"] = sum(server.values())
     counts = {"ipc_wait": waits, **(own or {})}
     return LoaderActivity(t=t, pid=pid, counts=counts, handoff=handoff,
                           helper_frames=dict(frames or {}))  # fmt: skip

@@ -45,19 +45,20 @@ SAMPLE_COUNTS = {
     "loader_": "loader_stack_samples",
     "outside_": "outside_stack_samples",
     "helper_": "helper_observations",
+    "server_": "server_observations",
     "handoff_": "outside_data_samples",
     "data_wait_": "outside_stack_samples",
 }
 _SAMPLED_STATES = frozenset(
     {*STACK_STATES, *DATA_STATES, *OUTSIDE_STATES, *HELPER_STATES, "other", "resource", "step_data"}
 )
-_SAMPLED_SHARE = re.compile(r"^(loader|outside|helper)_([a-z_]+)_share$")
+_SAMPLED_SHARE = re.compile(r"^(loader|outside|helper|server)_([a-z_]+)_share$")
 # Where a category is chosen from stack samples: the state that decides it.
 _STATE_CATEGORY = {
     "loader_file_read_share": Category.IO,
     "loader_socket_wait_share": Category.NETWORK,
 }
-_RESOURCE_CATEGORY = {"network": Category.NETWORK, "io": Category.IO}
+_RESOURCE_CATEGORY = {"network": Category.NETWORK, "io": Category.IO, "cpu": Category.CPU}
 _PARALLEL_FIXED = frozenset({Category.IO, Category.NETWORK, Category.FRAMEWORK_CONFIG})
 _IN_FLIGHT_WAYS = ("ThreadPoolExecutor", "asyncio", "ThreadedFetch", "asynchronous")
 _LOADER_SETTINGS = ("num_workers=", "prefetch_factor=", "persistent_workers=", "pin_memory=")
@@ -197,6 +198,13 @@ def category_follows_the_evidence(f: Finding, ctx: Context) -> str | None:
     if not (f.id.startswith("input.") or f.id.startswith("distributed.straggler.data")):
         return None
     ev = f.evidence
+    # A server of this machine at the far end of the sockets the job waits on decides what
+    # that wait on the network is made of.
+    served = ev.get("server_resource")
+    if isinstance(served, str) and served in _RESOURCE_CATEGORY:
+        if f.category is not _RESOURCE_CATEGORY[served]:
+            return f"the data server's work is {served} but the category is {f.category.value}"
+        return None
     shares = {}
     for key, value in ev.items():
         interval = ev.get(f"{key}_interval")
@@ -208,7 +216,7 @@ def category_follows_the_evidence(f: Finding, ctx: Context) -> str | None:
         if category is not None and f.category is not category:
             return f"{top} dominates ({ev[top]}) but the category is {f.category.value}"
     resource = ev.get("helper_resource")
-    expected = _RESOURCE_CATEGORY.get(resource) if isinstance(resource, str) else None
+    expected = _RESOURCE_CATEGORY.get(resource) if resource in ("network", "io") else None
     if expected is not None and f.category is not expected:
         return f"the helpers wait on {resource} but the category is {f.category.value}"
     if resource == "cpu" and f.category in (Category.IO, Category.NETWORK):

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from trainmedic.diagnose.data_wait import data_wait
 from trainmedic.diagnose.sampled import SampledShare, sampled
+from trainmedic.diagnose.servers import ServerLooks
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category
@@ -67,6 +68,8 @@ class Handoff:
         threads / processes: observations of helper threads / child processes by state.
         in_flight: requests in flight summed over the observations waiting on I/O.
         frames: the helpers' most frequent frames while they worked.
+        server: looks at the processes of this machine at the far end of the helpers'
+            sockets (:mod:`trainmedic.diagnose.servers`).
     """
 
     outside_samples: int
@@ -75,6 +78,7 @@ class Handoff:
     processes: Counter[str]
     in_flight: float
     frames: Counter[str] = field(default_factory=Counter)
+    server: ServerLooks = field(default_factory=ServerLooks)
 
     @property
     def observations(self) -> Counter[str]:
@@ -157,6 +161,7 @@ def measure_handoff(view: RunView, th: Thresholds) -> Handoff | None:
     threads: Counter[str] = Counter()
     processes: Counter[str] = Counter()
     frames: Counter[str] = Counter()
+    server = ServerLooks()
     waits = outside = 0
     in_flight = 0.0
     # The whole run, as the loop's own samples are counted (:meth:`RunView.outside_activity`).
@@ -173,10 +178,11 @@ def measure_handoff(view: RunView, th: Thresholds) -> Handoff | None:
                 threads[key[len(THREAD_PREFIX) :]] += n
             elif key.startswith(PROCESS_PREFIX):
                 processes[key[len(PROCESS_PREFIX) :]] += n
+        server = server.add(a.handoff)
         frames.update(a.helper_frames)
     if waits <= 0:
         return None
-    return Handoff(outside, waits, threads, processes, in_flight, frames)
+    return Handoff(outside, waits, threads, processes, in_flight, frames, server)
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,8 @@ class HandoffSizing:
         capacity_cores: cores that CPU may use once the fix is in (1 under the lock).
         new_step_s / speedup: the predicted step and speed-up.
         limited_by: what bounds the predicted step: ``compute`` (the step's own),
-            ``cpu`` (the helpers' CPU on the cores), ``gil`` (their Python on one core).
+            ``cpu`` (the helpers' CPU on the cores), ``gil`` (their Python on one core),
+            ``server`` (the CPU of a data server they wait on).
     """
 
     step_s: float

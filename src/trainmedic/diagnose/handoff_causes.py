@@ -9,6 +9,11 @@ first that holds:
 2. they wait on sockets (or an event loop polls its connections) -> ``input.network``,
    on files -> ``input.io``: requests in flight sized by Little's law, in threads
    or asynchronous requests, never bounded by the cores;
+   When the far end of those sockets is a process of this machine (a sample
+   store, a feature server; :mod:`trainmedic.host.peers`), its own state
+   decides: on a CPU -> ``input.server_cpu`` (more CPU for the server, not more
+   requests in flight: they would queue behind it), reading a disk ->
+   ``input.io``, asleep -> the network's latency as above;
 3. they compute: threads running Python with a core spare -> ``input.gil``
    (processes instead of threads); producer processes or native threads with a
    core spare -> ``input.workers`` (more of them); no core spare -> ``input.cpu``.
@@ -19,6 +24,7 @@ before these (:func:`trainmedic.diagnose.input_causes.input_cause`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -33,6 +39,7 @@ from trainmedic.diagnose.handoff import (
 from trainmedic.diagnose.input_causes import InputCause
 from trainmedic.diagnose.loading_cpu import full_bar
 from trainmedic.diagnose.sampled import interval_evidence, sampled, share_evidence
+from trainmedic.diagnose.server_causes import server_capacity, server_cpu_cause, server_evidence
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.fixes import LOCAL_CACHE_FIX
@@ -61,6 +68,17 @@ def handoff_cause(view: RunView, th: Thresholds, *, starved: bool = False) -> In
     if resource is None:
         return _unsettled(view, th, h, evidence)
     sizing = size_handoff(view, th, h)
+    served = h.server.activity(th) if resource == "network" else None
+    if served == "cpu":
+        timing = (sizing.step_s, sizing.wait_s, sizing.compute_s) if sizing else None
+        return server_cpu_cause(
+            view, th, h.server, f"{_who(h)}, which wait on", timing, evidence
+        )
+    if served is not None:
+        evidence["server_resource"] = "io" if served == "file" else "network"
+        resource = evidence["server_resource"]
+        if sizing is not None:
+            sizing = bounded_by_server(view, h, sizing)
     if resource in ("network", "io"):
         return _latency(view, th, h, resource, sizing, evidence)
     if starved:
@@ -127,7 +145,26 @@ def _evidence(view: RunView, th: Thresholds, h: Handoff, data: int) -> dict[str,
         ev["helper_top_frames"] = [f"{k} ({n})" for k, n in h.frames.most_common(TOP_HELPER_FRAMES)]
     if view.usable_cores is not None:
         ev["usable_cores"] = view.usable_cores
+    ev.update(server_evidence(h.server, th))
     return ev
+
+
+def bounded_by_server(view: RunView, h: Handoff, sizing: HandoffSizing) -> HandoffSizing:
+    """The sizing with its predicted step no shorter than the server's CPU per step on the
+    cores it may use: more requests in flight speed up its waiting, not its computing."""
+    server_s = h.server.cores * sizing.wait_s
+    capacity = server_capacity(view, h.server)
+    if server_s <= 0 or server_s / capacity <= sizing.new_step_s:
+        return sizing
+    floor = server_s / capacity
+    return dataclasses.replace(
+        sizing,
+        new_step_s=floor,
+        speedup=max(1.0, sizing.step_s / floor),
+        limited_by="server",
+        cpu_s=server_s,
+        capacity_cores=capacity,
+    )
 
 
 def room_cores(view: RunView) -> float:
@@ -163,6 +200,11 @@ def _gain(sizing: HandoffSizing) -> str:
             f", bounded by the helpers' Python: {sizing.cpu_s * 1000:.1f} ms a step under one "
             "interpreter lock"
         )
+    elif sizing.limited_by == "server":
+        text += (
+            f", bounded by the data server's CPU: {sizing.cpu_s * 1000:.1f} ms a step on "
+            f"{sizing.capacity_cores:.1f} cores"
+        )
     elif sizing.limited_by == "cpu":
         text += (
             f", bounded by the helpers' CPU: {sizing.cpu_s * 1000:.1f} ms a step on "
@@ -183,6 +225,16 @@ def _latency(
     on = "network sockets" if resource == "network" else "file reads"
     who = _who(h)
     title = f"the loop waits on {who}, which {_verb(h, 'wait', 'waits')} on {on}"
+    if "server_resource" in evidence:
+        doing = (
+            "reads files"
+            if resource == "io"
+            else "waits while it answers (neither computing nor reading a disk)"
+        )
+        title = (
+            f"the loop waits on {who}, which {_verb(h, 'wait', 'waits')} on a data server on "
+            f"this machine that {doing}"
+        )
     share = h.resource_share(resource, th)
     evidence = {**evidence, "helper_resource": resource,
                 "helper_resource_share": round(share.share, 4),

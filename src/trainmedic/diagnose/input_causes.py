@@ -309,7 +309,10 @@ def input_cause(view: RunView, th: Thresholds) -> InputCause:
     evidence = _evidence(facts, activity, profile)
     rule = next(r for r in INPUT_RULES if r.when(facts))
     title, fix = rule.text(facts)
-    return InputCause(rule.key, rule.category, title, fix, evidence)
+    # A wait on sockets to a server of this machine that computes is its CPU.
+    from trainmedic.diagnose.server_causes import server_cause
+
+    return server_cause(view, th, InputCause(rule.key, rule.category, title, fix, evidence))
 
 
 def _evidence(f: _Facts, activity: Counter[str], profile: LoadingProfile | None) -> dict[str, Any]:

@@ -78,11 +78,19 @@ class KernelState:
         state: the state letter of ``stat`` (``R``, ``S``, ``D``, ...).
         syscall: the system call it is blocked in, ``running``, or ``None``.
         fd_kind: for a call on a descriptor: ``socket``, ``pipe``, ``file`` or ``other``.
+        target: that descriptor's link target (``socket:[<inode>]``, a path), when read.
     """
 
     state: str | None
     syscall: str | None = None
     fd_kind: str | None = None
+    target: str | None = None
+
+    @property
+    def socket_inode(self) -> str | None:
+        """The inode of the socket the call waits on (:mod:`trainmedic.host.peers`)."""
+        t = self.target
+        return t[8:-1] if t is not None and t.startswith("socket:[") else None
 
 
 def parse_syscall(text: str | None, machine: str | None = None) -> tuple[str | None, int | None]:
@@ -177,13 +185,14 @@ def read_kernel_state(pid: int | str, tid: int, proc: str = PROC) -> KernelState
     if state is None:
         return None
     syscall, fd = parse_syscall(_read(f"{base}/syscall", 256))
-    kind = None
+    kind = target = None
     if fd is not None and syscall in FD_SYSCALLS:
         try:
-            kind = fd_kind(os.readlink(f"{proc}/{pid}/fd/{fd}"))
+            target = os.readlink(f"{proc}/{pid}/fd/{fd}")
         except OSError:
-            kind = None
-    return KernelState(state, syscall, kind)
+            target = None
+        kind = fd_kind(target)
+    return KernelState(state, syscall, kind, target)
 
 
 def child_pids(pid: int | str = "self", proc: str = PROC, limit: int = 64) -> list[int]:
@@ -205,14 +214,12 @@ def child_pids(pid: int | str = "self", proc: str = PROC, limit: int = 64) -> li
     return out
 
 
-def connection_count(pid: int | str = "self", proc: str = PROC, limit: int = 512) -> int:
-    """Established TCP connections (IPv4 and IPv6) ``pid`` holds: a thread of it polling
-    descriptors may be waiting on them. Reads its descriptors (at most ``limit``) and
-    its network namespace's TCP tables."""
+def socket_inodes(pid: int | str = "self", proc: str = PROC, limit: int = 512) -> set[str]:
+    """The inodes of the sockets ``pid`` holds (of its first ``limit`` descriptors)."""
     try:
         names = os.listdir(f"{proc}/{pid}/fd")[:limit]
     except OSError:
-        return 0
+        return set()
     inodes = set()
     for name in names:
         try:
@@ -221,18 +228,42 @@ def connection_count(pid: int | str = "self", proc: str = PROC, limit: int = 512
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    if not inodes:
-        return 0
-    count = 0
+    return inodes
+
+
+@dataclass(frozen=True)
+class TcpRow:
+    """One row of ``/proc/<pid>/net/tcp`` or ``tcp6``: endpoints as the kernel writes them
+    (hex address:port), the state (``01``: established) and the socket's inode."""
+
+    local: str
+    remote: str
+    state: str
+    inode: str
+
+
+def tcp_rows(pid: int | str = "self", proc: str = PROC) -> list[TcpRow]:
+    """The TCP sockets (IPv4 and IPv6) of ``pid``'s network namespace."""
+    rows: list[TcpRow] = []
     for table in ("tcp", "tcp6"):
         try:
             with open(f"{proc}/{pid}/net/{table}", encoding="ascii", errors="replace") as f:
                 next(f, None)
                 for line in f:
                     fields = line.split()
-                    # State 01 is ESTABLISHED: a connection, not a listening socket.
-                    if len(fields) > 9 and fields[3] == "01" and fields[9] in inodes:
-                        count += 1
+                    if len(fields) > 9:
+                        rows.append(TcpRow(fields[1], fields[2], fields[3], fields[9]))
         except OSError:
             continue
-    return count
+    return rows
+
+
+def connection_count(pid: int | str = "self", proc: str = PROC, limit: int = 512) -> int:
+    """Established TCP connections (IPv4 and IPv6) ``pid`` holds: a thread of it polling
+    descriptors may be waiting on them. Reads its descriptors (at most ``limit``) and
+    its network namespace's TCP tables."""
+    inodes = socket_inodes(pid, proc, limit)
+    if not inodes:
+        return 0
+    # State 01 is ESTABLISHED: a connection, not a listening socket.
+    return sum(1 for r in tcp_rows(pid, proc) if r.state == "01" and r.inode in inodes)

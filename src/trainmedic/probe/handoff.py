@@ -13,7 +13,15 @@ sample also looks at them (:class:`HelperSampler`):
   or an I/O call made from C, their kernel state
   (:mod:`trainmedic.host.threadstate`);
 * the main thread of each child process: its kernel state only (the probe in
-  a child does not sample its own stacks unless it is a DataLoader worker).
+  a child does not sample its own stacks unless it is a DataLoader worker);
+* a process on this machine at the far end of the socket a helper waits on (a
+  sample store, a feature server, a cache on 127.0.0.1 or a Unix socket;
+  :mod:`trainmedic.host.peers`): whether its threads compute, read a disk or
+  sleep, counted as ``server:<activity>`` with the threads it has on a CPU
+  (:data:`SERVER_RUNNING`) and who it is (``peer:<pid> <command line>``). A
+  server computing each answer is a CPU to add there, not requests in flight.
+  A sampled thread that waits on a socket itself (the loop, a DataLoader
+  worker) gets the same looks (:meth:`HelperSampler.own_server`).
 
 Each observation is one of :data:`HELPER_STATES`:
 
@@ -26,20 +34,30 @@ Each observation is one of :data:`HELPER_STATES`:
 * ``poll`` - an event loop waiting on its descriptors (its requests in flight);
 * ``wait`` - blocked on something else (a lock, a pipe, a sleep).
 
+An event loop's thread is read from its selector: the descriptors registered
+on it other than the loop's own wake-up socket are its requests in flight; a
+loop with none registered waits on timers (``wait``), not the network - a job
+holding TCP connections elsewhere (DDP's store) included.
+
 Cost: nothing while the training thread is not waiting on others; then a few
 µs per helper thread (its stack's classification is cached) and about 30 µs
 for each kernel state read, at most :data:`MAX_THREADS` threads,
 :data:`MAX_KERNEL_READS` thread kernel states and :data:`MAX_CHILDREN`
-children per sample (docs/performance.md).
+children per sample; a server's state costs a few µs a thread, and finding
+who holds the far end of a socket a few ms, at most every
+:data:`trainmedic.host.peers.SCAN_S` seconds (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import os
+import socket as _socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
+from trainmedic.host.peers import LocalPeers, Peer, process_activity
 from trainmedic.host.threadstate import (
     POLL_CALLS,
     KernelState,
@@ -59,6 +77,17 @@ IN_FLIGHT = "in_flight"
 IO_STATES = ("socket", "file")
 THREAD_PREFIX = "thread:"
 PROCESS_PREFIX = "process:"
+SERVER_PREFIX = "server:"
+"""Key prefix of the observations of a server at the far end of a helper's socket, by
+:data:`trainmedic.host.peers.ACTIVITIES`."""
+SERVER_RUNNING = "server_running"
+"""Key of the servers' threads seen on a CPU, summed over their observations (cores)."""
+PEER_PREFIX = "peer:"
+"""Key prefix naming a server: ``peer:<pid> <command line>``, its observations."""
+MAX_SERVERS = 2
+"""Servers looked at per sample."""
+MAX_LOOP_FDS = 16
+"""Descriptors of an event loop's selector whose targets are read per sample."""
 MAX_THREADS = 16
 """Helper threads looked at per sample (the rest in later samples, in turn)."""
 MAX_CHILDREN = 8
@@ -100,6 +129,58 @@ def classify_helper(frames: Sequence[FrameInfo]) -> str:
     if state == "transform" and leaf.callees:
         return "native"  # inside a call into C: computing there, or waiting
     return _FROM_STACK.get(state, "other")
+
+
+def loop_descriptors(frame: FrameType | None) -> list[int] | None:
+    """The descriptors registered on the selector an event loop's thread waits in, less
+    the loop's own wake-up socket; ``None`` when the frames do not show one (``frame``:
+    the thread's innermost frame, in ``selectors.py``)."""
+    if frame is None or not frame.f_code.co_filename.endswith("/selectors.py"):
+        return None
+    selector = frame.f_locals.get("self")
+    registered = getattr(selector, "_fd_to_key", None)
+    if not isinstance(registered, dict):
+        return None
+    fds = list(registered)  # one call: the loop's thread may change it meanwhile
+    outer = frame.f_back
+    loop = outer.f_locals.get("self") if outer is not None else None
+    wake = getattr(loop, "_ssock", None)
+    try:
+        own = wake.fileno() if wake is not None else -1
+    except (OSError, AttributeError):
+        own = -1
+    return [fd for fd in fds if isinstance(fd, int) and fd != own]
+
+
+def frame_socket(frame: FrameType | None, depth: int = 4) -> int | None:
+    """The descriptor of the socket a thread's innermost frames work on: a local that is a
+    ``socket.socket`` (SSL sockets too), or an attribute of a local - ``SocketIO._sock``
+    under ``makefile`` readers and HTTP clients, a client object's ``sock`` - read from
+    instance dictionaries only, so that no property or ``__getattr__`` of the job's runs."""
+    f = frame
+    for _ in range(depth):
+        if f is None:
+            return None
+        for value in list(f.f_locals.values()):
+            sock = _as_socket(value)
+            if sock is None:
+                try:
+                    attrs = object.__getattribute__(value, "__dict__")
+                except (AttributeError, TypeError):
+                    continue
+                if not isinstance(attrs, dict):
+                    continue
+                sock = next((s for s in map(_as_socket, list(attrs.values())) if s), None)
+            if sock is not None:
+                fd = sock.fileno()
+                if fd >= 0:
+                    return fd
+        f = f.f_back
+    return None
+
+
+def _as_socket(value: object) -> _socket.socket | None:
+    return value if isinstance(value, _socket.socket) else None
 
 
 def refine(stack_state: str, kernel: KernelState | None, sockets: bool = False) -> str:
@@ -150,8 +231,14 @@ class HelperSampler:
         classify_stack: (frame, role) -> (state, frame key), the sampler's cache.
         read_kernel: (pid, tid) -> kernel state (:func:`read_kernel_state`; tests pass a fake).
         list_children: the child processes (:func:`child_pids`).
+        connections: a process's established TCP connections (:func:`connection_count`).
         threads: the live ``threading.Thread`` objects (:func:`threading.enumerate`).
         monotonic: the clock that paces the listings.
+        pid: the process sampled (default: this one).
+        peers: pid -> (socket inode -> the process at its far end), one
+            :class:`~trainmedic.host.peers.LocalPeers` per process by default.
+        activity: pid -> what a server does (:func:`~trainmedic.host.peers.process_activity`).
+        fd_target: descriptor -> its link target in this process (an event loop's sockets).
     """
 
     def __init__(
@@ -163,6 +250,9 @@ class HelperSampler:
         threads: Callable[[], list[threading.Thread]] = threading.enumerate,
         monotonic: Callable[[], float] | None = None,
         pid: int | None = None,
+        peers: Callable[[int | str], Callable[[str], Peer | None]] | None = None,
+        activity: Callable[[int], tuple[str, int] | None] = process_activity,
+        fd_target: Callable[[int], str | None] | None = None,
     ) -> None:
         import time
 
@@ -176,17 +266,36 @@ class HelperSampler:
         self._pid: int | str = pid if pid is not None else "self"  # right after a fork too
         self._native: dict[int, int | None] = {}
         self._kernels: dict[int, KernelState | None] = {}
+        self._sockets: dict[int, str | None] = {}
         self._own: set[int] = set()
         self._listed_at = -1e9
         self._children: list[int] = []
         self._children_at = -1e9
         self._turn = 0
         self.kernel_reads = 0
+        self._peer_finders: dict[int | str, Callable[[str], Peer | None]] = {}
+        self._make_peers = peers or self._local_peers
+        self._activity = activity
+        self._fd_target = fd_target or _fd_target
+
+    def _local_peers(self, pid: int | str) -> Callable[[str], Peer | None]:
+        return LocalPeers(pid, monotonic=self._monotonic).peer
+
+    def _peer(self, pid: int | str, inode: str | None) -> Peer | None:
+        if inode is None:
+            return None
+        finder = self._peer_finders.get(pid)
+        if finder is None:
+            if len(self._peer_finders) > MAX_CHILDREN:
+                self._peer_finders.clear()
+            finder = self._peer_finders[pid] = self._make_peers(pid)
+        return finder(inode)
 
     def _refresh_threads(self) -> None:
         self._listed_at = self._monotonic()
         self._native.clear()
         self._kernels.clear()
+        self._sockets.clear()
         self._own.clear()
         for t in self._threads():
             if t.ident is None:
@@ -222,29 +331,52 @@ class HelperSampler:
             start = self._turn % len(idents)
             self._turn += MAX_THREADS
             idents = (idents[start:] + idents[:start])[:MAX_THREADS]
+        servers: dict[int, Peer] = {}
         for ident in idents:
             frame = frames.get(ident)
             if frame is None:
                 continue
             stack_state, key = self._classify(frame, "helper")
             kernel = None
+            native = self._native.get(ident)
+            known = self._kernels.get(ident)
             if stack_state in _AMBIGUOUS:
-                native = self._native.get(ident)
-                known = self._kernels.get(ident)
                 if native is not None and (reads < MAX_KERNEL_READS or known is None):
                     kernel = self._kernels[ident] = self._read_kernel(self._pid, native)
                     self.kernel_reads += 1
                     reads += 1
                 else:
                     kernel = known
-            polls = stack_state == "poll" or (kernel is not None and kernel.syscall in POLL_CALLS)
-            connections = self._connections_of(self._pid, now) if polls else 0
-            state = refine(stack_state, kernel, connections > 0)
+            loop_fds = loop_descriptors(frame) if stack_state == "poll" else None
+            if stack_state in ("socket", *_AMBIGUOUS) and ident not in self._sockets:
+                # The socket a thread waits on, kept until the next listing (a fetch
+                # thread keeps its connection): from its frames, else its system call.
+                fd = frame_socket(frame)
+                reading = kernel or known
+                inode = self._fd_inode(fd) if fd is not None else None
+                self._sockets[ident] = inode or (reading.socket_inode if reading else None)
+            del frame
+            if loop_fds is not None:
+                # An event loop: its registered sockets are its requests, none is timers.
+                inodes = self._loop_sockets(loop_fds)
+                connections = len(inodes)
+                state = "socket" if inodes else "wait"
+                for socket_inode in inodes[:MAX_SERVERS]:
+                    self._note_server(servers, self._peer(self._pid, socket_inode))
+            else:
+                polls = stack_state == "poll" or (
+                    kernel is not None and kernel.syscall in POLL_CALLS
+                )
+                connections = self._connections_of(self._pid, now) if polls else 0
+                state = refine(stack_state, kernel, connections > 0)
+                if state == "socket" and not polls:
+                    # Who answers on the socket it waits on, if a process of this machine.
+                    self._note_server(servers, self._peer(self._pid, self._socket_of(ident)))
             out[THREAD_PREFIX + state] += 1
             if state in IO_STATES:
                 # One request in flight per thread blocked in I/O; an event loop polling
                 # its connections may have one on each.
-                out[IN_FLIGHT] += connections if polls else 1
+                out[IN_FLIGHT] += connections if loop_fds is not None or polls else 1
             if state not in ("idle", "wait") and key:
                 keys[key] += 1
         if now - self._children_at >= REFRESH_S:
@@ -255,9 +387,73 @@ class HelperSampler:
             self.kernel_reads += 1
             polls = kernel is not None and kernel.syscall in POLL_CALLS
             connections = self._connections_of(child, now) if polls else 0
-            seen = process_state(kernel, connections > 0)
-            if seen is not None:
-                out[PROCESS_PREFIX + seen] += 1
-                if seen in IO_STATES:
+            child_state = process_state(kernel, connections > 0)
+            if child_state is not None:
+                out[PROCESS_PREFIX + child_state] += 1
+                if child_state in IO_STATES:
                     out[IN_FLIGHT] += 1
+                if child_state == "socket" and kernel is not None:
+                    self._note_server(servers, self._peer(child, kernel.socket_inode))
+        self._observe_servers(servers, out)
         return out, keys
+
+    def _socket_of(self, ident: int) -> str | None:
+        return self._sockets.get(ident)
+
+    def own_server(self, ident: int, frame: FrameType) -> Counter[str]:
+        """The server observations of one moment for a sampled thread that itself waits on
+        a socket (a loop or a DataLoader worker reading from a data server): the process at
+        the socket's far end, when one of this machine (empty otherwise)."""
+        now = self._monotonic()
+        if now - self._listed_at >= REFRESH_S:
+            self._refresh_threads()
+        if ident not in self._sockets:
+            fd = frame_socket(frame)
+            inode = self._fd_inode(fd) if fd is not None else None
+            native = self._native.get(ident)
+            if inode is None and native is not None:
+                reading = self._read_kernel(self._pid, native)
+                self.kernel_reads += 1
+                inode = reading.socket_inode if reading is not None else None
+            self._sockets[ident] = inode
+        out: Counter[str] = Counter()
+        servers: dict[int, Peer] = {}
+        self._note_server(servers, self._peer(self._pid, self._sockets[ident]))
+        self._observe_servers(servers, out)
+        return out
+
+    def _fd_inode(self, fd: int) -> str | None:
+        target = self._fd_target(fd)
+        return target[8:-1] if target is not None and target.startswith("socket:[") else None
+
+    def _loop_sockets(self, fds: list[int]) -> list[str]:
+        """The socket inodes among an event loop's registered descriptors."""
+        inodes = []
+        for fd in fds[:MAX_LOOP_FDS]:
+            target = self._fd_target(fd)
+            if target is not None and target.startswith("socket:["):
+                inodes.append(target[8:-1])
+        return inodes
+
+    @staticmethod
+    def _note_server(servers: dict[int, Peer], peer: Peer | None) -> None:
+        if peer is not None and len(servers) < MAX_SERVERS:
+            servers.setdefault(peer.pid, peer)
+
+    def _observe_servers(self, servers: dict[int, Peer], out: Counter[str]) -> None:
+        """One observation of each server a helper waited on at this moment."""
+        for peer in servers.values():
+            seen = self._activity(peer.pid)
+            if seen is None:
+                continue
+            activity, running = seen
+            out[SERVER_PREFIX + activity] += 1
+            out[SERVER_RUNNING] += running
+            out[f"{PEER_PREFIX}{peer.pid} {peer.name}"] += 1
+
+
+def _fd_target(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None

@@ -282,6 +282,9 @@ class StackSampler:
             if frame is None:
                 continue
             state, key, hands_off = self._cache.classify_wait(frame, role)
+            if state == "socket_wait":
+                # Waiting on a socket itself: who answers, if a process of this machine.
+                self._sample_server(ident, frame)
             del frame
             with self._lock:
                 self.aggregate.add_classified(state, key)
@@ -295,14 +298,23 @@ class StackSampler:
         self.samples += taken
         return taken
 
-    def _sample_helpers(self, frames: dict[int, FrameType], skip: frozenset[int]) -> None:
+    def _helper_sampler(self) -> HelperSampler:
         if self._helpers is None:
             from trainmedic.probe.handoff import HelperSampler
 
             self._helpers = HelperSampler(self._cache.classify)
-        observations, keys = self._helpers.sample(frames, skip)
+        return self._helpers
+
+    def _sample_helpers(self, frames: dict[int, FrameType], skip: frozenset[int]) -> None:
+        observations, keys = self._helper_sampler().sample(frames, skip)
         with self._lock:
             self.aggregate.add_handoff(observations, keys)
+
+    def _sample_server(self, ident: int, frame: FrameType) -> None:
+        observations = self._helper_sampler().own_server(ident, frame)
+        if observations:
+            with self._lock:
+                self.aggregate.add_servers(observations)
 
     def flush(self) -> None:
         """Send what has been counted so far (safe from any thread)."""

@@ -341,6 +341,11 @@ class ActivityAggregate:
         if state != "idle":
             self.frames[key] += 1
 
+    def add_servers(self, observations: Counter[str]) -> None:
+        """Observations of a data server a sampled thread waited on itself (no hand-off:
+        ``waits`` is not counted)."""
+        self.handoff.update(observations)
+
     def add_handoff(self, observations: Counter[str], keys: Counter[str]) -> None:
         """Count one moment the training thread waited on others, and what they did."""
         from trainmedic.probe.handoff import WAITS
