@@ -56,7 +56,8 @@ class Env:
     """What a case's command may refer to: the interpreter, a scratch directory, servers
     (``store``: ``HOST:PORT`` of the sample store, a process of its own answering after
     30 ms; ``quick_store``: the same answering at once; ``computing_store``: the same
-    computing 20 ms of Python for each answer)."""
+    computing 20 ms of Python for each answer; ``shm_store`` / ``shm_computing_store``:
+    the first and the last on a Unix socket, answering through shared memory)."""
 
     python: str
     tmp: Path
@@ -65,6 +66,8 @@ class Env:
     store: str = ""
     quick_store: str = ""
     computing_store: str = ""
+    shm_store: str = ""
+    shm_computing_store: str = ""
 
     def script(self, name: str) -> str:
         return str(SCRIPTS / name)
@@ -310,24 +313,34 @@ CASES: tuple[Case, ...] = (
         "input.gil", "framework_config", check=_processes_for_python),
     Case("thread-store", "handoff", lambda e: _handoff(
         e, "thread", "store", "--steps", "20", "--batch-size", "8"),
-        "input.network", "network", check=_handoff_in_flight),
+        "input.network", "network", check=_server_waits),
     Case("thread-files", "handoff", lambda e: _handoff(
         e, "thread", "files", "--steps", "40", "--batch-size", "32"), "input.io", "io"),
     Case("processes-store", "handoff", lambda e: _handoff(
         e, "processes", "store", "--steps", "20", "--batch-size", "8"),
-        "input.network", "network", check=_handoff_in_flight),
+        "input.network", "network", check=_server_waits),
+    Case("processes-computing-store", "handoff", lambda e: _handoff(
+        e, "processes", "store", "--steps", "15", "--batch-size", "8",
+        store=e.computing_store), "input.server_cpu", "cpu", check=_server_computes),
     Case("processes-compute", "handoff", lambda e: _handoff(
         e, "processes", "compute", "--steps", "60", "--batch-size", "8", "--producers", "1"),
         "input.workers", "framework_config", check=_more_producers),
     Case("asyncio-store", "handoff", lambda e: _handoff(
         e, "asyncio", "store", "--steps", "20", "--batch-size", "8"),
-        "input.network", "network", check=_handoff_in_flight),
+        "input.network", "network", check=_server_waits),
     Case("asyncio-compute", "handoff", lambda e: _handoff(
         e, "asyncio", "compute", "--steps", "60", "--batch-size", "8"),
         "input.gil", "framework_config", check=_processes_for_python),
     Case("direct-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "20", "--batch-size", "8"),
         "input.network", "network", check=_in_flight_beyond_cores),
+    # A data server handing samples over in shared memory, on a Unix socket.
+    Case("pool-shm-computing-store", "handoff", lambda e: _handoff(
+        e, "pool", "store", "--steps", "20", store=e.shm_computing_store), "input.server_cpu",
+        "cpu", check=_server_computes),
+    Case("thread-shm-store", "handoff", lambda e: _handoff(
+        e, "thread", "store", "--steps", "20", "--batch-size", "8", store=e.shm_store),
+        "input.network", "network", check=_server_waits),
     Case("direct-computing-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "15", "--batch-size", "8", store=e.computing_store),
         "input.server_cpu", "cpu", check=_server_computes),
@@ -394,23 +407,27 @@ def data_server(latency_s: float, bytes_per_s: float = 0.0, body: int = 1024) ->
 
 @contextlib.contextmanager
 def sample_store(
-    latency_s: float, lifetime_s: float = 600.0, cpu_s: float = 0.0
+    latency_s: float, lifetime_s: float = 600.0, cpu_s: float = 0.0, shm: Path | None = None
 ) -> Iterator[str]:
-    """``scripts/sample_store.py`` in a process of its own; yields its ``HOST:PORT``. It
-    ends when its standard input closes (here, or if this process dies) and after
+    """``scripts/sample_store.py`` in a process of its own; yields its ``HOST:PORT`` (with
+    ``shm``, a Unix socket path: ``shm:PATH``, answering through shared memory). It ends
+    when its standard input closes (here, or if this process dies) and after
     ``lifetime_s`` whatever happens."""
+    where = ["--shm", str(shm)] if shm is not None else []
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "sample_store.py"), "--latency-ms",
-         str(latency_s * 1000), "--cpu-ms", str(cpu_s * 1000), "--lifetime-s", str(lifetime_s)],
+         str(latency_s * 1000), "--cpu-ms", str(cpu_s * 1000), "--lifetime-s", str(lifetime_s),
+         *where],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 30.0)
         line = proc.stdout.readline() if ready else ""
-        if not line.startswith("port "):
+        if not line.startswith(("port ", "path ")):
             raise RuntimeError(f"the sample store did not start: {line!r}")
-        yield f"127.0.0.1:{int(line.split()[1])}"
+        kind, value = line.split(maxsplit=1)
+        yield f"shm:{value.strip()}" if kind == "path" else f"127.0.0.1:{int(value)}"
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
@@ -424,16 +441,20 @@ def sample_store(
 @contextlib.contextmanager
 def servers(tmp: Path, python: str = sys.executable) -> Iterator[Env]:
     """The environment every case may use: HTTP with 40 ms latency, 256 KiB samples at
-    8 MiB/s, the sample store answering after 30 ms, at once, and after computing 20 ms."""
+    8 MiB/s, the sample store answering after 30 ms, at once, and after computing 20 ms,
+    and the first and last of those on a Unix socket with shared memory."""
     with (
         data_server(0.040) as latency,
         data_server(0.0, 8 * 2**20, 256 * 1024) as throttled,
         sample_store(0.030) as store,
         sample_store(0.0) as quick,
         sample_store(0.0, cpu_s=0.020) as computing,
+        sample_store(0.030, shm=tmp / "shm-store.sock") as shm_store,
+        sample_store(0.0, cpu_s=0.020, shm=tmp / "shm-computing.sock") as shm_computing,
     ):
         yield Env(python=python, tmp=tmp, latency_url=latency, throttled_url=throttled,
-                  store=store, quick_store=quick, computing_store=computing)  # fmt: skip
+                  store=store, quick_store=quick, computing_store=computing,
+                  shm_store=shm_store, shm_computing_store=shm_computing)  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -189,3 +189,16 @@ def test_a_process_name_is_printable_and_short(tmp_path: Path) -> None:
     (proc / "cmdline").write_bytes(b"")
     (proc / "comm").write_text("kworker")
     assert process_name(42, str(tmp_path)) == "kworker"
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_the_sole_peer_is_the_one_server_and_none_when_there_are_several(server) -> None:  # type: ignore[no-untyped-def]
+    first, _ = server("tcp", "idle")
+    peers = LocalPeers(scan_s=0.0)
+    sole = peers.sole()
+    # (this test process may hold other connections to this machine: then there is none)
+    assert sole is None or sole.pid == first.pid
+    if sole is None:
+        return
+    server("tcp", "idle")
+    assert peers.sole() is None  # two servers: no guessing between them

@@ -251,13 +251,27 @@ def test_children_are_read_from_their_kernel_state_only() -> None:
         reads.append((pid, tid))
         return KernelState("S", "poll")
 
+    class Peers:
+        """A producer polling its one store connection: the store is its sole peer."""
+
+        def __init__(self, pid: int | str) -> None:
+            self.pid = pid
+
+        def peer(self, inode: str) -> Peer | None:
+            raise AssertionError("a poll names no socket")
+
+        def sole(self) -> Peer | None:
+            return Peer(9, "python store.py") if self.pid == 4242 else None
+
     sampler = HelperSampler(
         StackCache().classify, read_kernel=kernel, list_children=lambda: [4242, 4243],
-        connections=lambda pid: 1 if pid == 4242 else 0, threads=lambda: [],
+        connections=lambda pid: 1 if pid == 4242 else 0, threads=lambda: [], peers=Peers,
+        activity=lambda pid: ("cpu", 1),
     )  # fmt: skip
     seen, _ = sampler.sample({}, frozenset())
     assert reads == [(4242, 4242), (4243, 4243)]  # each child's main thread
-    assert seen == {"process:socket": 1, "process:poll": 1, "in_flight": 1}
+    assert seen == {"process:socket": 1, "process:poll": 1, "in_flight": 1, "server:cpu": 1,
+                    "server_running": 1, "peer:9 python store.py": 1}  # fmt: skip
 
 
 # --- a server at the far end, an event loop's own descriptors --------------------------------
@@ -294,17 +308,21 @@ def test_helpers_on_a_socket_to_a_local_server_look_at_that_server() -> None:
     a, b = socket.socketpair()
     asked: list[tuple[int | str, str]] = []
 
-    def peers(pid: int | str):  # type: ignore[no-untyped-def]
-        def peer(inode: str) -> Peer | None:
-            asked.append((pid, inode))
+    class Peers:
+        def __init__(self, pid: int | str) -> None:
+            self.pid = pid
+
+        def peer(self, inode: str) -> Peer | None:
+            asked.append((self.pid, inode))
             return Peer(777, "python store.py")
 
-        return peer
+        def sole(self) -> Peer | None:
+            raise AssertionError("the thread's own socket is known")
 
     try:
         t = blocked_reader(a)
         sampler = HelperSampler(
-            StackCache().classify, list_children=lambda: [], peers=peers,
+            StackCache().classify, list_children=lambda: [], peers=Peers,
             activity=lambda pid: ("cpu", 2) if pid == 777 else None,
         )  # fmt: skip
         seen: Counter[str] = Counter()

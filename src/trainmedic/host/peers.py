@@ -274,6 +274,16 @@ class LocalPeers:
         self._scan(now)
         return self._known.get(inode)
 
+    def sole(self) -> Peer | None:
+        """The one process of this machine at the far end of this process's sockets, when
+        there is exactly one (a producer with its one store connection); ``None`` when there
+        is none or several (ranks of a job, a store and a logger) - no guessing between them."""
+        now = self._monotonic()
+        if self._scanned_at is None or now - self._scanned_at >= self._scan_s:
+            self._scan(now)
+        found = {p.pid: p for p in self._known.values() if p is not None}
+        return next(iter(found.values())) if len(found) == 1 else None
+
     def _scan(self, now: float) -> None:
         self._scanned_at = now
         self.scans += 1

@@ -56,6 +56,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import Protocol
 
 from trainmedic.host.peers import LocalPeers, Peer, process_activity
 from trainmedic.host.threadstate import (
@@ -250,7 +251,7 @@ class HelperSampler:
         threads: Callable[[], list[threading.Thread]] = threading.enumerate,
         monotonic: Callable[[], float] | None = None,
         pid: int | None = None,
-        peers: Callable[[int | str], Callable[[str], Peer | None]] | None = None,
+        peers: Callable[[int | str], PeerFinder] | None = None,
         activity: Callable[[int], tuple[str, int] | None] = process_activity,
         fd_target: Callable[[int], str | None] | None = None,
     ) -> None:
@@ -273,23 +274,24 @@ class HelperSampler:
         self._children_at = -1e9
         self._turn = 0
         self.kernel_reads = 0
-        self._peer_finders: dict[int | str, Callable[[str], Peer | None]] = {}
+        self._peer_finders: dict[int | str, PeerFinder] = {}
         self._make_peers = peers or self._local_peers
         self._activity = activity
         self._fd_target = fd_target or _fd_target
 
-    def _local_peers(self, pid: int | str) -> Callable[[str], Peer | None]:
-        return LocalPeers(pid, monotonic=self._monotonic).peer
+    def _local_peers(self, pid: int | str) -> PeerFinder:
+        return LocalPeers(pid, monotonic=self._monotonic)
 
-    def _peer(self, pid: int | str, inode: str | None) -> Peer | None:
-        if inode is None:
-            return None
+    def _finder(self, pid: int | str) -> PeerFinder:
         finder = self._peer_finders.get(pid)
         if finder is None:
             if len(self._peer_finders) > MAX_CHILDREN:
                 self._peer_finders.clear()
             finder = self._peer_finders[pid] = self._make_peers(pid)
-        return finder(inode)
+        return finder
+
+    def _peer(self, pid: int | str, inode: str | None) -> Peer | None:
+        return self._finder(pid).peer(inode) if inode is not None else None
 
     def _refresh_threads(self) -> None:
         self._listed_at = self._monotonic()
@@ -393,7 +395,11 @@ class HelperSampler:
                 if child_state in IO_STATES:
                     out[IN_FLIGHT] += 1
                 if child_state == "socket" and kernel is not None:
-                    self._note_server(servers, self._peer(child, kernel.socket_inode))
+                    # Blocked on one socket: its far end; polling (Python waits for a socket
+                    # with a timeout in poll): the one server it talks to, if just one.
+                    inode = kernel.socket_inode
+                    peer = self._peer(child, inode) if inode else self._finder(child).sole()
+                    self._note_server(servers, peer)
         self._observe_servers(servers, out)
         return out, keys
 
@@ -450,6 +456,15 @@ class HelperSampler:
             out[SERVER_PREFIX + activity] += 1
             out[SERVER_RUNNING] += running
             out[f"{PEER_PREFIX}{peer.pid} {peer.name}"] += 1
+
+
+class PeerFinder(Protocol):
+    """Who is at the far end of one process's sockets
+    (:class:`~trainmedic.host.peers.LocalPeers`)."""
+
+    def peer(self, inode: str) -> Peer | None: ...
+
+    def sole(self) -> Peer | None: ...
 
 
 def _fd_target(fd: int) -> str | None:

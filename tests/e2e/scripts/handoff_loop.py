@@ -14,7 +14,8 @@ for the next batch and waits; the work happens elsewhere (``--via``):
 
 What a sample costs (``--work``): ``store`` — a request to the sample store
 (``sample_store.py``, another process on 127.0.0.1 that answers after tens of
-milliseconds); ``compute`` — features computed in pure Python; ``files`` — an
+milliseconds; ``--store shm:PATH``: on a Unix socket, the sample handed over in
+shared memory); ``compute`` — features computed in pure Python; ``files`` — an
 uncached read of a file (``O_DIRECT``, else ``posix_fadvise(DONTNEED)``).
 
     python handoff_loop.py --via pool --work store --store 127.0.0.1:PORT --steps 40
@@ -23,6 +24,7 @@ uncached read of a file (``O_DIRECT``, else ``posix_fadvise(DONTNEED)``).
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import mmap
 import multiprocessing
 import os
@@ -30,6 +32,7 @@ import queue
 import socket
 import struct
 import threading
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 import numpy as np
@@ -43,16 +46,31 @@ FILE_BYTES = 256 * 1024
 
 
 class StoreClient:
-    """One connection to the sample store (one per thread or process)."""
+    """One connection to the sample store (one per thread or process): ``HOST:PORT``, or
+    ``shm:PATH`` for a store on a Unix socket answering through shared memory."""
 
     def __init__(self, address):
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.file = self.sock.makefile("rb")
+        self.block = None
+        if address.startswith("shm:"):
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.settimeout(30)
+            self.sock.connect(address[4:])
+            self.file = self.sock.makefile("rb")
+            name = self.file.readline().decode().strip()
+            self.block = shared_memory.SharedMemory(name=name)
+            # The store made the block and removes it: this process only attaches.
+            with contextlib.suppress(Exception):
+                resource_tracker.unregister(self.block._name, "shared_memory")
+        else:
+            host, port = address.rsplit(":", 1)
+            self.sock = socket.create_connection((host, int(port)), timeout=30)
+            self.file = self.sock.makefile("rb")
 
     def get(self, index):
         self.sock.sendall(f"{index}\n".encode())
         (n,) = struct.unpack(">I", self.file.read(4))
+        if self.block is not None:
+            return bytes(self.block.buf[:n])
         return self.file.read(n)
 
 
