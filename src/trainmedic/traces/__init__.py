@@ -1,0 +1,1 @@
+"""Profiler traces (torch.profiler / Kineto) read into summaries the diagnosis can judge."""
