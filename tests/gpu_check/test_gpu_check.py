@@ -14,6 +14,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from gpu_check_results import JUNIT_FILE, RESULTS_FILE, SUMMARY_FILE, Results, summary_markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,3 +225,18 @@ def test_a_missing_required_package_is_one_line_and_exits_2(tmp_path: Path) -> N
     assert parts["gpu"][0] == "skipped"
     assert parts["gpu"][3] == "required packages missing (see preflight)"
 
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--bogus"], "unrecognized arguments: --bogus"),
+     (["tests/no_such_test.py"], "not found: tests/no_such_test.py")],
+)  # fmt: skip
+def test_extra_arguments_pytest_refuses_are_one_line_before_anything_runs(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    status, output, _ = run_gpu_check(tmp_path, "--preflight", *args)
+    assert status == 2, output[-4000:]
+    (line,) = [ln for ln in output.splitlines() if ln.startswith("gpu-check: pytest refuses")]
+    assert says in line
+    assert "== preflight" not in output  # nothing ran

@@ -192,5 +192,5 @@ def test_a_long_kernel_begun_long_before_the_step_counts_where_it_runs(tmp_path:
 def test_json_that_holds_no_trace(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "t.json"
     path.write_bytes(content)
-    with pytest.raises(TraceError, match="no traceEvents|another tool"):
+    with pytest.raises(TraceError, match=r"no traceEvents|another tool"):
         read_trace(path)
