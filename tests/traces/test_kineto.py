@@ -119,7 +119,9 @@ def test_a_step_with_idle_gaps_between_kernels_on_two_streams(tmp_path: Path) ->
     assert step.number == 7 and step.dur_us == 100
     assert step.gpu_busy_us == pytest.approx(20 + 10 + 10)  # 110-130, 150-160, 190-200
     assert step.nccl_us == pytest.approx(10) and step.copy_us == pytest.approx(10)
-    assert (step.launches, step.syncs, step.sync_us) == (1, 1, 25)
+    assert step.exposed_nccl_us == pytest.approx(10)  # nothing else ran meanwhile
+    assert step.kernels == 3
+    assert (step.launches, step.launch_us, step.syncs, step.sync_us) == (1, 3, 1, 25)
     assert (step.pageable_copies, step.pageable_copy_us) == (1, 10)
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import check_outputs, write_output
-from trainmedic.errors import InputError
+from trainmedic.errors import InputError, UsageError
 from trainmedic.findings.model import Finding
 from trainmedic.ostext import path_problem, printable
 from trainmedic.record.types import RunRecord
@@ -25,7 +25,7 @@ from trainmedic.report.run_findings import diagnose_merged, load_or_diagnose
 
 
 @click.command("report")
-@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True)
+@click.argument("run_dirs", metavar="RUN_DIR... | TRACE...", nargs=-1, required=True)
 @json_option("the findings document")
 @click.option("--html", "html_out", metavar="FILE", help="Write a self-contained HTML report.")
 @click.option(
@@ -53,9 +53,19 @@ def report(
     'trainmedic run'), and optionally export it as JSON, HTML or a trace.
 
     Several RUN_DIRs — one per node of a job across nodes — are merged into one
-    report, their clocks aligned on the steps the ranks made in lockstep."""
+    report, their clocks aligned on the steps the ranks made in lockstep.
+
+    TRACE: a torch.profiler (Kineto) trace, .json or .json.gz: why the GPU idles
+    in each step (host syncs, launch-bound steps, pageable copies, exposed
+    communication), with --json for the findings document."""
+    from trainmedic.cli.report_trace import is_trace_path, report_traces
     from trainmedic.record.store import load_run_record
 
+    traces = [p for p in run_dirs if p and is_trace_path(p)]
+    if traces:
+        if len(traces) != len(run_dirs):
+            raise UsageError("give run directories or torch.profiler traces, not both")
+        return report_traces(run_dirs, json_out, html_out, trace_out, force, brief)
     directories: list[Path] = []
     for run_dir in run_dirs:
         if not run_dir:

@@ -73,7 +73,10 @@ class TraceStep:
         start_us / dur_us: its CPU window.
         gpu_busy_us: time at least one stream of the main device worked in the window.
         kernel_us / copy_us / memset_us / nccl_us: summed activity of each kind (clipped).
-        launches: kernel launches started in the window.
+        exposed_nccl_us: time only NCCL kernels ran (communication nothing else overlapped).
+        kernels: kernels that ran (a part of them) in the window.
+        launches / launch_us: kernel launches started in the window, and the host's time in
+            them.
         syncs / sync_us: host-device synchronisations started in it, and the host's time
             in them.
         pageable_copies / pageable_copy_us: copies from or to pageable host memory.
@@ -87,7 +90,10 @@ class TraceStep:
     copy_us: float = 0.0
     memset_us: float = 0.0
     nccl_us: float = 0.0
+    exposed_nccl_us: float = 0.0
+    kernels: int = 0
     launches: int = 0
+    launch_us: float = 0.0
     syncs: int = 0
     sync_us: float = 0.0
     pageable_copies: int = 0
@@ -319,6 +325,9 @@ def _read(path: Path, on_read: Callable[[int], None] | None) -> TraceSummary:
     spans = [(s, e) for s, e, _, _ in intervals]
     starts = [s for s, _ in spans]
     longest = max((e - s for s, e in spans), default=0.0)
+    # Everything but NCCL: the busy time it leaves uncovered is communication exposed.
+    others = [(s, e) for s, e, cat, name in intervals if not _is_nccl(cat, name)]
+    others_starts = [s for s, _ in others]
     runtime.sort()
     run_starts = [t for t, _, _ in runtime]
     steps.sort(key=lambda s: s[1])
@@ -327,7 +336,7 @@ def _read(path: Path, on_read: Callable[[int], None] | None) -> TraceSummary:
         end = start + dur
         kinds: dict[str, float] = {"kernel": 0.0, "gpu_memcpy": 0.0, "gpu_memset": 0.0}
         nccl = pageable_us = 0.0
-        pageable = 0
+        pageable = kernels = 0
         # (an interval that began up to the longest's length before may reach into it)
         i = bisect.bisect_left(starts, start - longest)
         for a, b, cat, name in intervals[i:]:
@@ -337,26 +346,30 @@ def _read(path: Path, on_read: Callable[[int], None] | None) -> TraceSummary:
             if part <= 0:
                 continue
             kinds[cat] += part
-            if cat == "kernel" and "nccl" in name.lower():
+            kernels += cat == "kernel"
+            if _is_nccl(cat, name):
                 nccl += part
             if cat == "gpu_memcpy" and "Pageable" in name:
                 pageable += 1
                 pageable_us += part
         launches = syncs = 0
-        sync_us = 0.0
+        sync_us = launch_us = 0.0
         for t, d, name in runtime[bisect.bisect_left(run_starts, start) :]:
             if t >= end:
                 break
             if name in LAUNCH_CALLS:
                 launches += 1
+                launch_us += d
             elif name in SYNC_CALLS:
                 syncs += 1
                 sync_us += d
+        busy = _union(spans, start, end, starts, longest)
+        exposed = busy - _union(others, start, end, others_starts, longest) if nccl else 0.0
         out.append(TraceStep(
-            number=number, start_us=start, dur_us=dur,
-            gpu_busy_us=_union(spans, start, end, starts, longest),
+            number=number, start_us=start, dur_us=dur, gpu_busy_us=busy,
             kernel_us=kinds["kernel"], copy_us=kinds["gpu_memcpy"], memset_us=kinds["gpu_memset"],
-            nccl_us=nccl, launches=launches, syncs=syncs, sync_us=sync_us,
+            nccl_us=nccl, exposed_nccl_us=max(0.0, exposed), kernels=kernels,
+            launches=launches, launch_us=launch_us, syncs=syncs, sync_us=sync_us,
             pageable_copies=pageable, pageable_copy_us=pageable_us,
         ))  # fmt: skip
     dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
@@ -373,6 +386,10 @@ def _read(path: Path, on_read: Callable[[int], None] | None) -> TraceSummary:
         syncs=sum(1 for _, _, n in runtime if n in SYNC_CALLS) + len(syncs_gpu),
         categories=categories,
     )
+
+
+def _is_nccl(cat: str, name: str) -> bool:
+    return cat == "kernel" and "nccl" in name.lower()
 
 
 def _int(value: Any) -> int | None:

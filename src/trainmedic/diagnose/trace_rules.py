@@ -1,0 +1,195 @@
+"""Why the GPU idles inside each step, judged from a torch.profiler trace's real timings.
+
+The input is a :class:`~trainmedic.traces.kineto.TraceSummary`: per
+``ProfilerStep``, the main device's busy time (union over its streams), the
+launches and host-device synchronisations started in the step with the host's
+time in them, pageable copies and the NCCL time nothing else overlapped. Each
+rule takes the median over the steps (a warm-up step or a checkpointing one does
+not decide), and says its evidence in numbers and its impact as a share of the
+step:
+
+* ``gpu.host_sync`` - the host blocks on the GPU (``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, a synchronous ``cudaMemcpy``: ``.item()``,
+  ``.cpu()``, ``print(tensor)``, boolean masks) for at least
+  :data:`SYNC_SHARE` of the step;
+* ``gpu.launch_bound`` - the GPU idle at least :data:`IDLE_SHARE` of the step
+  while the host launches many short kernels (mean kernel under
+  :data:`SHORT_KERNEL_US`, at least :data:`MANY_LAUNCHES` a step);
+* ``gpu.pageable_copies`` - copies from or to pageable host memory take at least
+  :data:`COPY_SHARE` of the step (staged by the driver, synchronous for the host);
+* ``gpu.exposed_communication`` - NCCL kernels run with nothing else on the GPU
+  for at least :data:`EXPOSED_SHARE` of the step;
+* ``gpu.idle_unexplained`` - the GPU idle at least :data:`IDLE_SHARE` of the step,
+  :data:`UNEXPLAINED_SHARE` of it not accounted for by the above (information:
+  what the trace lacks);
+* ``gpu.bound`` - busy at least :data:`BUSY_SHARE` of each step and nothing
+  above: the GPU is the limit (information; no host or input advice).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.traces.kineto import TraceStep, TraceSummary
+
+SYNC_SHARE = 0.05
+"""Host time blocked on the GPU, share of the step, from which it is a finding."""
+SYNC_ERROR_SHARE = 0.25
+IDLE_SHARE = 0.30
+"""GPU idle share of the step from which idling needs an explanation."""
+SHORT_KERNEL_US = 20.0
+"""Mean kernel time under which launches (5-10 µs of host time each) can outrun them."""
+MANY_LAUNCHES = 100
+COPY_SHARE = 0.02
+EXPOSED_SHARE = 0.10
+EXPOSED_ERROR_SHARE = 0.30
+UNEXPLAINED_SHARE = 0.20
+"""Idle share left unexplained from which it is said (information)."""
+BUSY_SHARE = 0.90
+
+
+def _median(steps: tuple[TraceStep, ...], value: Callable[[TraceStep], float]) -> float:
+    return statistics.median(value(s) for s in steps)
+
+
+def _share(steps: tuple[TraceStep, ...], part: Callable[[TraceStep], float]) -> float:
+    return _median(steps, lambda s: part(s) / s.dur_us if s.dur_us > 0 else 0.0)
+
+
+def _subject(t: TraceSummary) -> str | None:
+    if t.device is None:
+        return None
+    return f"gpu{t.device.index}" + (f" rank {t.rank}" if t.rank is not None else "")
+
+
+def _base(t: TraceSummary) -> dict[str, object]:
+    steps = t.steps
+    ev: dict[str, object] = {
+        "steps": len(steps),
+        "step_time_median_ms": round(_median(steps, lambda s: s.dur_us) / 1000, 3),
+        "gpu_busy_share": round(t.gpu_busy_share or 0.0, 4),
+    }
+    if t.device is not None and t.device.name:
+        ev["gpu"] = t.device.name
+    return ev
+
+
+def diagnose_trace(t: TraceSummary) -> list[Finding]:
+    """The findings of a trace with steps (a trace without is refused before this)."""
+    if not t.steps:
+        return []
+    steps = t.steps
+    busy = t.gpu_busy_share or 0.0
+    idle = 1.0 - busy
+    out: list[Finding] = []
+    sync = _share(steps, lambda s: s.sync_us)
+    if sync >= SYNC_SHARE and _median(steps, lambda s: s.syncs) >= 1:
+        ev = {**_base(t), "syncs_per_step": _median(steps, lambda s: s.syncs),
+              "sync_ms_per_step": round(_median(steps, lambda s: s.sync_us) / 1000, 3),
+              "sync_share": round(sync, 4)}  # fmt: skip
+        out.append(Finding(
+            id="gpu.host_sync", category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.ERROR if sync >= SYNC_ERROR_SHARE else Severity.WARNING,
+            title=(f"The host waits for the GPU {sync:.0%} of each step in "
+                   f"{ev['syncs_per_step']:g} synchronisations a step: the GPU drains, then "
+                   "idles while the host catches up"),
+            evidence=ev,
+            fix=("Keep values on the device and read them every N steps: no loss.item(), "
+                 ".cpu(), .tolist() or print(tensor) each step (accumulate the loss in a "
+                 "tensor), no torch.cuda.synchronize() in the loop, no boolean-mask indexing "
+                 "or nonzero() whose size the host must learn; copy with "
+                 "non_blocking=True from pinned memory."),
+            impact=sync, subject=_subject(t),
+        ))  # fmt: skip
+    kernels = _median(steps, lambda s: s.kernels)
+    mean_kernel = _median(steps, lambda s: s.kernel_us / s.kernels if s.kernels else 0.0)
+    launches = _median(steps, lambda s: s.launches)
+    if idle >= IDLE_SHARE and launches >= MANY_LAUNCHES and 0 < mean_kernel < SHORT_KERNEL_US:
+        per_launch = _median(steps, lambda s: s.launch_us / s.launches if s.launches else 0.0)
+        ev = {**_base(t), "launches_per_step": launches, "kernels_per_step": kernels,
+              "mean_kernel_us": round(mean_kernel, 2),
+              "host_us_per_launch": round(per_launch, 2),
+              "gpu_idle_share": round(idle, 4)}  # fmt: skip
+        out.append(Finding(
+            id="gpu.launch_bound", category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.WARNING,
+            title=(f"The GPU idles {idle:.0%} of each step between {launches:g} short kernels "
+                   f"({mean_kernel:.1f} µs on average): the host cannot launch them as fast "
+                   "as they run"),
+            evidence=ev,
+            fix=("Launch fewer, larger kernels: capture the step in CUDA graphs "
+                 '(torch.compile(model, mode="reduce-overhead")), fuse the optimizer '
+                 "(torch.optim.AdamW(..., fused=True) or foreach=True), and raise the batch "
+                 "size so that each kernel does more."),
+            impact=idle, subject=_subject(t),
+        ))  # fmt: skip
+    copies = _share(steps, lambda s: s.pageable_copy_us)
+    if copies >= COPY_SHARE and _median(steps, lambda s: s.pageable_copies) >= 1:
+        ev = {**_base(t), "pageable_copies_per_step": _median(steps, lambda s: s.pageable_copies),
+              "pageable_copy_ms_per_step": round(
+                  _median(steps, lambda s: s.pageable_copy_us) / 1000, 3),
+              "pageable_copy_share": round(copies, 4)}  # fmt: skip
+        out.append(Finding(
+            id="gpu.pageable_copies", category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.WARNING,
+            title=(f"Copies from pageable host memory take {copies:.0%} of each step: the "
+                   "driver stages them and the host waits"),
+            evidence=ev,
+            fix=("Copy from pinned memory, asynchronously: DataLoader(..., pin_memory=True) "
+                 "and batch.to(device, non_blocking=True); for tensors made in the loop, "
+                 "tensor.pin_memory() once, or keep them on the GPU."),
+            impact=copies, subject=_subject(t),
+        ))  # fmt: skip
+    exposed = _share(steps, lambda s: s.exposed_nccl_us)
+    if exposed >= EXPOSED_SHARE:
+        ev = {**_base(t), "nccl_ms_per_step": round(_median(steps, lambda s: s.nccl_us) / 1000, 3),
+              "exposed_nccl_ms_per_step": round(
+                  _median(steps, lambda s: s.exposed_nccl_us) / 1000, 3),
+              "exposed_nccl_share": round(exposed, 4)}  # fmt: skip
+        if t.rank is not None:
+            ev["rank"] = t.rank
+        if t.world_size is not None:
+            ev["world_size"] = t.world_size
+        out.append(Finding(
+            id="gpu.exposed_communication", category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.ERROR if exposed >= EXPOSED_ERROR_SHARE else Severity.WARNING,
+            title=(f"Communication runs alone on the GPU {exposed:.0%} of each step: NCCL "
+                   "kernels that no computation overlaps"),
+            evidence=ev,
+            fix=("Overlap the gradient all-reduce with the backward pass: DDP's "
+                 "bucket_cap_mb (smaller buckets start sooner, e.g. 25 -> 10; larger ones "
+                 "cost fewer launches), gradient_as_bucket_view=True, model.no_sync() on "
+                 "all but the last micro-batch under gradient accumulation; for FSDP, "
+                 "forward/backward prefetch."),
+            impact=exposed, subject=_subject(t),
+        ))  # fmt: skip
+    explained = sum(f.impact or 0.0 for f in out)
+    if idle >= IDLE_SHARE and idle - explained >= UNEXPLAINED_SHARE:
+        ev = {**_base(t), "gpu_idle_share": round(idle, 4),
+              "explained_share": round(explained, 4)}  # fmt: skip
+        out.append(Finding(
+            id="gpu.idle_unexplained", category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.INFO,
+            title=(f"The GPU idles {idle:.0%} of each step, {idle - explained:.0%} of it not "
+                   "in synchronisations, launches, pageable copies or exposed communication"),
+            evidence=ev,
+            fix=("Not settled from the GPU side: the host does something else meanwhile. "
+                 "Run the job under 'trainmedic run' (data wait, host time by stack "
+                 "samples), or record the trace with with_stack=True to see the host's "
+                 "frames in the gaps."),
+            impact=None, subject=_subject(t),
+        ))  # fmt: skip
+    if not out and busy >= BUSY_SHARE:
+        out.append(Finding(
+            id="gpu.bound", category=Category.MODEL, severity=Severity.INFO,
+            title=(f"The GPU is busy {busy:.0%} of each step: the GPU is the limit, not the "
+                   "host or the input"),
+            evidence=_base(t),
+            fix=("Faster steps come from the GPU's work itself: mixed precision (bf16 or "
+                 "fp16 autocast) where it is not used, TF32 for fp32 matmuls, fused kernels "
+                 "(torch.compile), or a larger GPU."),
+            subject=_subject(t),
+        ))  # fmt: skip
+    return out

@@ -1,0 +1,119 @@
+"""Why the GPU idles in each step, from trace summaries (trainmedic.diagnose.trace_rules):
+hand-built steps for each cause and the variant built to fool it, and the real traces."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from trainmedic.diagnose.trace_rules import diagnose_trace
+from trainmedic.findings.model import Category, Severity
+from trainmedic.traces.kineto import Device, TraceStep, TraceSummary, read_trace
+
+TRACES = Path(__file__).resolve().parents[1] / "traces" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "gpu-traces"
+STEP_US = 10_000.0
+
+
+def steps(n: int = 5, **kw: float) -> tuple[TraceStep, ...]:
+    """``n`` steps of 10 ms, busy 95 % unless told, with ``kw`` for every step."""
+    base = {"gpu_busy_us": 0.95 * STEP_US, "kernels": 50, "kernel_us": 0.95 * STEP_US,
+            "launches": 50, "launch_us": 250.0}  # fmt: skip
+    base.update(kw)
+    return tuple(
+        TraceStep(number=i, start_us=i * STEP_US, dur_us=STEP_US, **base)  # type: ignore[arg-type]
+        for i in range(n)
+    )
+
+
+def summary(s: tuple[TraceStep, ...], **kw: object) -> TraceSummary:
+    return TraceSummary("t.json", 1000, s, Device(0, "NVIDIA A100", "8.0"), **kw)  # type: ignore[arg-type]
+
+
+def ids(t: TraceSummary) -> list[str]:
+    return [f.id for f in diagnose_trace(t)]
+
+
+def test_a_busy_gpu_is_gpu_bound_information_and_nothing_about_the_host() -> None:
+    (f,) = diagnose_trace(summary(steps()))
+    assert (f.id, f.severity, f.category) == ("gpu.bound", Severity.INFO, Category.MODEL)
+    assert f.evidence["gpu_busy_share"] == pytest.approx(0.95)
+
+
+def test_synchronising_every_step_is_named_with_the_time_it_blocks() -> None:
+    t = summary(steps(gpu_busy_us=6000, kernel_us=6000, syncs=2, sync_us=3000))
+    (f, *rest) = diagnose_trace(t)
+    assert f.id == "gpu.host_sync" and f.severity is Severity.ERROR  # 30 % of the step
+    assert f.impact == pytest.approx(0.3) and f.evidence["syncs_per_step"] == 2
+    assert ".item()" in f.fix and "non_blocking=True" in f.fix
+    assert "gpu.bound" not in [r.id for r in rest]
+
+
+def test_a_rare_short_sync_is_not_a_finding() -> None:
+    # One cudaMemcpy of 30 µs a step (0.3 %): reading a scalar at the end of a step is fine.
+    assert ids(summary(steps(syncs=1, sync_us=30))) == ["gpu.bound"]
+    # A sync in one step of five (a checkpoint, a log every N steps) does not decide.
+    s = list(steps())
+    s[2] = dataclasses.replace(s[2], syncs=1, sync_us=5000)
+    assert ids(summary(tuple(s))) == ["gpu.bound"]
+
+
+def test_many_short_kernels_with_the_gpu_idle_are_launch_bound() -> None:
+    t = summary(steps(gpu_busy_us=3000, kernels=1500, kernel_us=3000, launches=1500,
+                      launch_us=7500))  # fmt: skip
+    f = next(f for f in diagnose_trace(t) if f.id == "gpu.launch_bound")
+    assert f.evidence["mean_kernel_us"] == pytest.approx(2.0)
+    assert f.evidence["host_us_per_launch"] == pytest.approx(5.0)
+    assert f.impact == pytest.approx(0.7) and "reduce-overhead" in f.fix
+
+
+def test_an_idle_gpu_with_long_kernels_is_not_launch_bound() -> None:
+    # Same idle share, but 60 kernels of 50 µs: the launches are not the limit.
+    t = summary(steps(gpu_busy_us=3000, kernels=60, kernel_us=3000, launches=60))
+    found = ids(t)
+    assert "gpu.launch_bound" not in found and "gpu.idle_unexplained" in found
+    idle = next(f for f in diagnose_trace(t) if f.id == "gpu.idle_unexplained")
+    assert idle.severity is Severity.INFO and "with_stack=True" in idle.fix
+
+
+def test_pageable_copies_taking_a_share_of_the_step() -> None:
+    t = summary(steps(pageable_copies=4, pageable_copy_us=800))
+    f = next(f for f in diagnose_trace(t) if f.id == "gpu.pageable_copies")
+    assert f.impact == pytest.approx(0.08) and "pin_memory=True" in f.fix
+    # A few tiny ones (a scalar copied back) are not worth pinning.
+    assert "gpu.pageable_copies" not in ids(summary(steps(pageable_copies=2, pageable_copy_us=20)))
+
+
+def test_communication_nothing_overlaps_is_exposed_and_overlapped_is_not() -> None:
+    exposed = summary(steps(nccl_us=4000, exposed_nccl_us=3500), rank=3, world_size=8)
+    f = next(f for f in diagnose_trace(exposed) if f.id == "gpu.exposed_communication")
+    assert f.severity is Severity.ERROR and f.evidence["rank"] == 3 and "no_sync()" in f.fix
+    assert f.subject == "gpu0 rank 3"
+    hidden = summary(steps(nccl_us=4000, exposed_nccl_us=200), rank=3, world_size=8)
+    assert ids(hidden) == ["gpu.bound"]
+
+
+def trace(name: str) -> TraceSummary:
+    path = TRACES / name if (TRACES / name).exists() else SHARED / name
+    if not path.exists():
+        pytest.skip(f"{name}: the shared GPU traces are not beside this checkout")
+    return read_trace(path)
+
+
+def test_the_real_traces() -> None:
+    # A DDP job on 128 ranks: 45 % busy, NCCL alone 27 % of the step; more idle that the
+    # GPU side does not explain.
+    sampled = diagnose_trace(trace("sampled-rank0.json.gz"))
+    assert [f.id for f in sampled] == ["gpu.exposed_communication", "gpu.idle_unexplained"]
+    assert sampled[0].impact == pytest.approx(0.27, abs=0.01)
+
+
+def test_the_shared_traces() -> None:
+    # V100 DDP rank 0: busy 99 % of its steps - GPU-bound, nothing about the host.
+    assert ids(trace("v100-ddp-rank0.json.gz")) == ["gpu.bound"]
+    # A100, 8 ranks: busy 85 %, NCCL alone about 19 % of the step.
+    control = diagnose_trace(trace("a100-control.json.gz"))
+    assert [f.id for f in control] == ["gpu.exposed_communication"]
+    assert control[0].severity is Severity.WARNING
