@@ -102,6 +102,7 @@ MESSAGES: list[ProbeMessage] = [
         samples=4,
         gil_busy=1,
         probe_tid=4242,
+        sampler_tid=4243,
     ),
 ]
 

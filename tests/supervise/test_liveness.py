@@ -48,6 +48,37 @@ def test_a_sleeping_process_as_the_kernel_sees_it() -> None:
     assert procview.read_process(2**22 + 12345) is None
 
 
+def test_the_probe_threads_cpu_and_reads_are_counted_apart() -> None:
+    # Two busy threads named like the probe's: what they spend is not the job's.
+    code = (
+        "import threading, time, os\n"
+        "def spin():\n"
+        "    while True:\n"
+        "        fd = os.open('/proc/self/stat', os.O_RDONLY)\n"
+        "        os.read(fd, 512)\n"
+        "        os.close(fd)\n"
+        "ts = [threading.Thread(target=spin, daemon=True) for _ in range(2)]\n"
+        "[t.start() for t in ts]\n"
+        "print(' '.join(str(t.native_id) for t in ts), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        probe, sampler = (int(w) for w in proc.stdout.readline().split())
+        time.sleep(0.3)
+        one = procview.read_process(proc.pid, probe)
+        both = procview.read_process(proc.pid, probe, sampler_tid=sampler)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert one is not None and both is not None
+    assert one.probe_cpu_s is not None and both.probe_cpu_s is not None
+    assert both.probe_cpu_s > one.probe_cpu_s  # the second thread's CPU too
+    assert both.probe_io_chars is not None and one.probe_io_chars is not None
+    assert both.probe_io_chars > one.probe_io_chars
+
+
 def test_a_socket_read_names_its_peer(tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -93,6 +93,8 @@ class Heartbeat:
             of the interpreter lock.
         probe_tid: the probe thread's kernel thread id (its own CPU and I/O are
             not the job's).
+        sampler_tid: the stack sampler thread's (the same: its reads of ``/proc`` and
+            its CPU while it follows a wait are the probe's, not the job's).
     """
 
     pid: int
@@ -109,6 +111,7 @@ class Heartbeat:
     samples: int = 0
     gil_busy: int = 0
     probe_tid: int | None = None
+    sampler_tid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,7 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "n": message.samples,
             "gil": message.gil_busy,
             "tid": message.probe_tid,
+            "stid": message.sampler_tid,
         }
     elif isinstance(message, Hello):
         obj = {
@@ -361,6 +365,7 @@ def _heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
         samples=_int(obj.get("n", 0)),
         gil_busy=_int(obj.get("gil", 0)),
         probe_tid=_opt_int(obj.get("tid")),
+        sampler_tid=_opt_int(obj.get("stid")),
     )
 
 

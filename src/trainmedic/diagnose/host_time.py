@@ -184,9 +184,9 @@ def _unexplained(view: RunView, th: Thresholds, share: float, base: dict[str, An
         )
     else:
         settle = (
-            "no stack sample was taken between steps: run again without "
-            "TRAINMEDIC_PROBE_DISABLE=stacks if it was set, and long enough for a few "
-            "hundred milliseconds of steps"
+            "no stack sample was taken between steps: a run long enough for a few hundred "
+            "milliseconds of steps settles it (without TRAINMEDIC_PROBE_DISABLE=stacks, if "
+            "it was set)"
         )
     return Finding(
         id="host.unexplained",

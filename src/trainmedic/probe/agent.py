@@ -271,6 +271,7 @@ class ProbeAgent:
                     samples=counts[0],
                     gil_busy=counts[1],
                     probe_tid=threading.get_native_id(),
+                    sampler_tid=_sampler_tid(),
                 )
             )
         except Exception as exc:
@@ -356,3 +357,11 @@ class ProbeAgent:
                 sampler.stop()
             except Exception:
                 return  # its thread ends with the process anyway
+
+
+def _sampler_tid() -> int | None:
+    """The kernel thread id of this process's stack sampler (``trainmedic-stacks``)."""
+    for t in threading.enumerate():
+        if t.name == "trainmedic-stacks":
+            return t.native_id
+    return None

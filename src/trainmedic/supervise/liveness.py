@@ -123,7 +123,12 @@ class SilenceObserver:
         for pid in pids:
             state = procs.get(pid)
             hb = state.last_heartbeat if state is not None else None
-            snap = procview.read_process(pid, hb.probe_tid if hb else None, self._proc)
+            snap = procview.read_process(
+                pid,
+                hb.probe_tid if hb else None,
+                self._proc,
+                sampler_tid=hb.sampler_tid if hb else None,
+            )
             if snap is None:
                 continue
             history = self._history.setdefault(pid, _History())

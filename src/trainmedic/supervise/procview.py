@@ -45,7 +45,7 @@ class ProcSnapshot:
 
     Attributes:
         cpu_s: CPU seconds of all its threads.
-        probe_cpu_s: CPU seconds of the probe's thread (``None``: no probe thread known).
+        probe_cpu_s: CPU seconds of the probe's threads (``None``: no probe thread known).
         io_chars: ``rchar + wchar`` of the process.
         probe_io_chars: the same for the probe's thread.
         dirtied_bytes: ``write_bytes``: page cache it dirtied.
@@ -106,18 +106,25 @@ def _io_fields(text: str | None) -> tuple[int | None, int | None]:
 
 
 def read_process(
-    pid: int, probe_tid: int | None = None, root: str = "/proc"
+    pid: int, probe_tid: int | None = None, root: str = "/proc", sampler_tid: int | None = None
 ) -> ProcSnapshot | None:
-    """The snapshot of ``pid``; ``None`` when it is gone."""
+    """The snapshot of ``pid``; ``None`` when it is gone. ``probe_tid`` / ``sampler_tid``:
+    the probe's threads, whose CPU and I/O are summed apart (``probe_*``)."""
     base = f"{root}/{pid}"
     state, cpu = _stat_fields(_read(f"{base}/stat"))
     if state is None:
         return None
     chars, dirtied = _io_fields(_read(f"{base}/io"))
     probe_cpu = probe_chars = None
-    if probe_tid is not None and probe_tid != pid:
-        _, probe_cpu = _stat_fields(_read(f"{base}/task/{probe_tid}/stat"))
-        probe_chars, _ = _io_fields(_read(f"{base}/task/{probe_tid}/io"))
+    for tid in (probe_tid, sampler_tid):
+        if tid is None or tid == pid:
+            continue
+        _, tid_cpu = _stat_fields(_read(f"{base}/task/{tid}/stat"))
+        tid_chars, _ = _io_fields(_read(f"{base}/task/{tid}/io"))
+        if tid_cpu is not None:
+            probe_cpu = (probe_cpu or 0.0) + tid_cpu
+        if tid_chars is not None:
+            probe_chars = (probe_chars or 0) + tid_chars
     run_wait = wakeups = None
     sched = _read(f"{base}/schedstat")
     if sched:
