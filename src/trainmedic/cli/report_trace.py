@@ -34,15 +34,15 @@ def is_trace_path(path: str) -> bool:
     bytes first): what ``report`` reads as a trace; other files are refused as run
     directories."""
     p = Path(path)
-    if not p.is_file():
-        return False
-    if p.name.endswith(TRACE_SUFFIXES):
-        return True
     try:
+        if not p.is_file():
+            return False
+        if p.name.endswith(TRACE_SUFFIXES):
+            return True
         with open(p, "rb") as f:
             head = f.read(64)
     except OSError:
-        return False
+        return False  # (a name too long, a loop of links: the run-directory checks say so)
     return head.startswith(b"\x1f\x8b") or head.lstrip()[:1] in (b"{", b"[")
 
 

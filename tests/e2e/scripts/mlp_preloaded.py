@@ -16,7 +16,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     n = 16384
