@@ -152,6 +152,7 @@ def test_what_is_not_a_trace_is_one_line_naming_why(
     with pytest.raises(TraceError, match=says) as info:
         read_trace(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
+    assert "b'" not in str(info.value) and "\\n" not in str(info.value)  # no bytes repr
 
 
 def test_a_truncated_gzip_and_a_missing_file(tmp_path: Path) -> None:

@@ -269,7 +269,9 @@ def read_trace(path: Path, on_read: Callable[[int], None] | None = None) -> Trac
     except (ijson.JSONError, ValueError) as exc:
         if isinstance(exc, TraceError):
             raise
-        first = (str(exc).strip().splitlines() or ["no content"])[0]
+        said = exc.args[0] if exc.args else ""
+        text = said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said)
+        first = (text.strip().splitlines() or ["no content"])[0]
         raise TraceError(f"{path}: not valid JSON ({first})") from None
     except (EOFError, gzip.BadGzipFile, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
