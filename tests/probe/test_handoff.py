@@ -199,13 +199,17 @@ def test_helpers_are_not_looked_at_while_the_training_thread_is_not_waiting_on_t
     socket_pool: tuple[concurrent.futures.Future[bytes], list[threading.Thread]],
 ) -> None:
     busy = threading.Event()
+    running = threading.Event()
 
     def compute() -> None:
+        running.set()
         while not busy.is_set():
             sum(range(1000))
 
     worker = threading.Thread(target=compute, daemon=True)
     worker.start()
+    # Sampled while still starting, the thread waits in threading's own start-up.
+    assert running.wait(10)
     out: list[LoaderActivity] = []
     sampler = StackSampler(lambda: [(worker.ident or 0, "self")], out.append, pytest.fail, pid=1)
     try:

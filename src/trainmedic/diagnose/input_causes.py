@@ -392,7 +392,8 @@ def _profile(
     if fetch is None:
         return None
     cores = view.usable_cores or 4.0
-    per_process = max(1.0, cores / view.concurrent_processes - 1.0)
+    per_process = max(1.0, cores / view.concurrent_processes)
+    useful = view.cpu.useful_cores(s.job_cpu_mean_cores, s.compute_share, view.usable_cores)
     return LoadingProfile(
         samples_per_step=samples,
         step_s=step,
@@ -403,6 +404,7 @@ def _profile(
         cores=per_process,
         # Worker processes where there are none: each batch's hand-off costs the step.
         handoff_s=th.worker_handoff_s if workers == 0 else 0.0,
+        useful_cores=None if useful is None else useful / view.concurrent_processes,
     )
 
 

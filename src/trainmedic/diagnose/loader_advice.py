@@ -8,7 +8,10 @@ one step while the step computes: ``rate = samples per step / compute time``
 samples per second. By Little's law, that takes ``rate x fetch`` samples in
 flight at any moment — however many cores the machine has, because a sample
 that waits on the network holds a slot but no CPU. The CPU part alone needs
-``rate x (fetch - latency)`` cores, and that is what cores bound.
+``rate x (fetch - latency)`` cores, and that is what cores bound: the
+process's cores carry the loading's CPU and the step's own CPU (the training
+thread and its helper threads), so a step can be no shorter than all of its
+CPU work spread over them.
 
 So latency-bound loading gets as many samples in flight as the latency asks
 for — in threads (or async I/O) inside a few worker processes when more
@@ -47,10 +50,12 @@ class LoadingProfile:
         workers: DataLoader workers per process (0: the training thread loads).
         fetch_s: loader time one sample takes, seconds.
         latency_share: share of ``fetch_s`` waiting on files or sockets, 0..1.
-        cores: cores the loading may use (usable, less others' and the
-            training thread's), per process.
+        cores: cores this process's loading and compute share (the usable
+            cores, per process).
         handoff_s: what the step pays per batch for receiving it from a worker
             process, when the advice brings workers in (0 where they are there).
+        useful_cores: the job's useful CPU, per process, cores (``None``: not
+            measured); less the loading's, it is the step's own CPU.
     """
 
     samples_per_step: float
@@ -61,11 +66,29 @@ class LoadingProfile:
     latency_share: float
     cores: float
     handoff_s: float = 0.0
+    useful_cores: float | None = None
 
     @property
     def compute_s(self) -> float:
         """The step without waiting for data, seconds."""
         return max(1e-6, self.step_s - self.wait_s)
+
+    @property
+    def cpu_per_sample_s(self) -> float:
+        """The CPU part of loading one sample, seconds."""
+        return self.fetch_s * (1.0 - self.latency_share)
+
+    @property
+    def compute_cpu_s(self) -> float:
+        """The step's own CPU (training and helper threads), per step, seconds.
+
+        The job's useful CPU less the loading's; unmeasured, one core through the
+        compute (the most a single training thread takes).
+        """
+        if self.useful_cores is None:
+            return self.compute_s
+        own = self.useful_cores * self.step_s - self.samples_per_step * self.cpu_per_sample_s
+        return min(max(0.0, own), max(1.0, self.cores) * self.compute_s)
 
 
 @dataclass(frozen=True)
@@ -155,14 +178,14 @@ def advise(profile: LoadingProfile, max_processes: int) -> LoadingAdvice:
     """
     rate = profile.samples_per_step / profile.compute_s
     in_flight = max(1, math.ceil(IN_FLIGHT_MARGIN * rate * profile.fetch_s))
-    cpu_per_sample = profile.fetch_s * (1.0 - profile.latency_share)
+    cpu_per_sample = profile.cpu_per_sample_s
     cores_needed = rate * cpu_per_sample
     cores = max(0.5, profile.cores)
-    # What the loaders can deliver: all the step needs, unless their CPU part
-    # alone needs more cores than there are.
-    deliverable = rate if cpu_per_sample <= 0 else min(rate, cores / cpu_per_sample)
+    # What the loaders can deliver: all the step needs, unless the step's CPU work,
+    # the loading's and its own, needs more cores than there are.
     floor = profile.compute_s + profile.handoff_s
-    loading = profile.samples_per_step / deliverable
+    cpu_work = profile.samples_per_step * cpu_per_sample + profile.compute_cpu_s
+    loading = profile.compute_s if cpu_per_sample <= 0 else cpu_work / cores
     new_step = max(floor, loading)
     speedup = max(1.0, profile.step_s / new_step)
     if loading > floor:
