@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
+from tests.traces.events import item_each_step, x
 
 from trainmedic.cli.main import main
 from trainmedic.findings.schema import findings_schema
@@ -98,3 +100,52 @@ def test_outputs_never_replace_the_trace_and_html_is_for_run_directories(
     run_dir.mkdir()
     code, _, err = run_cli(capsys, "report", str(mine), str(run_dir))
     assert code == 2 and "not both" in err
+
+
+def _write(path: Path, events: list[dict[str, Any]], **header: Any) -> Path:
+    path.write_text(json.dumps({**header, "traceEvents": events}))
+    return path
+
+
+def test_a_sync_each_step_is_named_at_its_call_site(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = _write(tmp_path / "t.json", item_each_step())
+    code, out, _ = run_cli(capsys, "report", str(path), "--json", "-")
+    doc = json.loads(out)
+    jsonschema.validate(doc, findings_schema())
+    first = doc["findings"][0]
+    # 150 µs of the GPU's 1 ms step idle after each .item(): 15 %.
+    assert code == 0 and first["id"] == "gpu.host_sync" and first["impact"] == pytest.approx(0.15)
+    assert "Tensor.item in train.py(30): train_step" in first["title"]
+    assert first["evidence"]["sync_sites"][0]["count"] == 3
+
+
+def test_one_jobs_ranks_are_compared(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    def rank_trace(r: int, kernel_us: float) -> Path:
+        events = []
+        for n in range(4):
+            t = 10_000 * n
+            events += [
+                x("user_annotation", f"ProfilerStep#{n}", t, 10_000),
+                x("kernel", "gemm", t + 100, kernel_us, device=0),
+                x("kernel", "ncclKernel_AllReduce_RING", t + 100 + kernel_us,
+                  9_500 - kernel_us, device=0),
+            ]  # fmt: skip
+        return _write(tmp_path / f"r{r}.json", events,
+                      distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})  # fmt: skip
+
+    r0, r1 = rank_trace(0, 5_000), rank_trace(1, 8_000)
+    code, out, _ = run_cli(capsys, "report", str(r0), str(r1), "--json", "-")
+    doc = json.loads(out)
+    assert code == 0 and doc["findings"][0]["id"] == "distributed.gpu_imbalance"
+    assert doc["findings"][0]["subject"] == "rank1"
+    assert doc["findings"][0]["impact"] == pytest.approx(0.3)
+    assert [r["rank"] for r in doc["context"]["ranks"]] == [0, 1]
+    assert doc["context"]["ranks"][1]["gpu_compute_ms"] == pytest.approx(8.0)
+    # Rank 0's NCCL alone on its GPU is mostly that wait: information pointing at rank 1,
+    # not advice on bucket sizes.
+    waits = [f for f in doc["findings"] if f["id"] == "gpu.exposed_communication"
+             and f["evidence"].get("rank") == 0]  # fmt: skip
+    assert len(waits) == 1 and waits[0]["severity"] == "info"
+    assert "wait for rank 1" in waits[0]["title"] and "bucket" not in waits[0]["fix"]

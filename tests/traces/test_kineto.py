@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.traces.events import item_each_step, x
 
 from trainmedic.traces.kineto import TraceError, read_trace
 
@@ -197,3 +198,102 @@ def test_json_that_holds_no_trace(tmp_path: Path, content: bytes) -> None:
     path.write_bytes(content)
     with pytest.raises(TraceError, match=r"no traceEvents|another tool"):
         read_trace(path)
+
+
+def test_a_sync_each_step_is_traced_to_the_users_call_and_the_gpu_time_it_loses(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": item_each_step()}))
+    t = read_trace(path)
+    assert t.with_stack and len(t.steps) == 3
+    for step in t.steps:
+        assert (step.syncs, step.sync_us) == (1, 440)
+        assert step.gpu_idle_after_sync_us == pytest.approx(700 - 550)
+        assert (step.allocs, step.alloc_us, step.frees, step.free_us) == (1, 30, 1, 20)
+    (site,) = t.sync_sites
+    assert site.where == "train.py(30): train_step" and site.call == "Tensor.item"
+    assert (site.runtime, site.count) == ("cudaStreamSynchronize", 3)
+    assert site.host_us == pytest.approx(3 * 440) and site.gpu_idle_us == pytest.approx(3 * 150)
+
+
+def test_without_python_frames_the_operator_names_the_sync(tmp_path: Path) -> None:
+    events = [e for e in item_each_step() if e["cat"] != "python_function"]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = read_trace(path)
+    assert not t.with_stack
+    (site,) = t.sync_sites
+    assert site.where is None and site.call == "aten::item" and site.count == 3
+
+
+def test_a_sync_another_stream_keeps_busy_loses_no_gpu_time(tmp_path: Path) -> None:
+    events = [*item_each_step(1), x("kernel", "other_stream", 500, 300, device=0)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    (step,) = read_trace(path).steps
+    assert step.gpu_idle_after_sync_us == pytest.approx(0.0)
+
+
+def test_synchronize_called_through_torch_is_named_as_the_user_called_it(tmp_path: Path) -> None:
+    events = [
+        x("user_annotation", "ProfilerStep#1", 0, 1000),
+        x("python_function", "my_project/loop.py(12): run", 5, 900),
+        x("python_function", "torch/cuda/__init__.py(985): synchronize", 10, 300),
+        x("python_function", "torch/cuda/__init__.py(500): __enter__", 12, 5),
+        x("python_function", "<built-in function _cuda_synchronize>", 20, 280),
+        x("cuda_runtime", "cudaDeviceSynchronize", 21, 270),
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    (site,) = read_trace(path).sync_sites
+    assert site.where == "my_project/loop.py(12): run" and site.call == "torch.cuda.synchronize"
+
+
+def test_the_caching_allocators_peaks_come_from_memory_events(tmp_path: Path) -> None:
+    def memory(ts: float, allocated: int, reserved: int, device_type: int = 1) -> dict[str, Any]:
+        return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": ts,
+                "args": {"Device Type": device_type, "Device Id": 0, "Bytes": 512,
+                         "Total Allocated": allocated, "Total Reserved": reserved}}  # fmt: skip
+
+    events = [
+        x("user_annotation", "ProfilerStep#1", 0, 100),
+        memory(1, 1 << 20, 4 << 20), memory(2, 3 << 20, 6 << 20), memory(3, 2 << 20, 6 << 20),
+        memory(4, 9 << 30, 10 << 30, device_type=0),  # host memory: not the GPU's
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = read_trace(path)
+    assert (t.peak_allocated_bytes, t.peak_reserved_bytes) == (3 << 20, 6 << 20)
+
+
+def test_memory_grows_with_the_gpu_work_kept_not_with_the_names_or_the_file(
+    tmp_path: Path,
+) -> None:
+    import tracemalloc
+
+    def trace(n: int) -> Path:
+        path = tmp_path / f"big{n}.json.gz"
+        with gzip.open(path, "wt") as f:
+            f.write('{"traceEvents": [')
+            f.write(json.dumps(x("user_annotation", "ProfilerStep#1", 0, 10 * n)))
+            for i in range(n):
+                name = f"void at::native::vectorized_elementwise_kernel<4, {i}>(...)" * 3
+                f.write("," + json.dumps(x("kernel", name, 10 * i, 5, device=0, stream=7)))
+                f.write("," + json.dumps(x("cuda_runtime", "cudaLaunchKernel", 10 * i, 2)))
+                f.write("," + json.dumps(x("cpu_op", f"aten::op{i}", 10 * i, 3)))
+            f.write("]}")
+        return path
+
+    peaks = []
+    for n in (4_000, 16_000):
+        path = trace(n)
+        tracemalloc.start()
+        t = read_trace(path)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert t.kernels == n and t.steps[0].kernels == n
+    # What each added kernel (with its launch and its operator) costs: far under the
+    # ~700 bytes of its three events in the file, and of a Python object per event.
+    per_kernel = (peaks[1] - peaks[0]) / 12_000
+    assert per_kernel < 100, per_kernel  # (the reader that kept tuples and names: 560)

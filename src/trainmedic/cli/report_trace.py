@@ -5,8 +5,11 @@ bar on standard error while it reads) and judged by
 :mod:`trainmedic.diagnose.trace_rules`; the report is the terminal one and,
 with ``--json``, the findings document, whose ``context`` carries ``steps``,
 ``step_time_median_s`` and ``gpu_busy_share`` (several traces: one entry each
-under ``traces``). A trace without ``ProfilerStep`` spans is one line saying
-what it holds and how to record steps, exit 2.
+under ``traces``). Traces of one job's ranks (distinct ranks, one world size)
+are also compared (:mod:`trainmedic.diagnose.trace_ranks`: the rank the others
+wait for), with each rank's medians under ``ranks``. A trace without
+``ProfilerStep`` spans is one line saying what it holds and how to record
+steps, exit 2.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def report_traces(
     brief: bool,
 ) -> int:
     """The report of the traces at ``paths``; exit status 0."""
+    from trainmedic.diagnose.trace_ranks import attribute_waits, compare_ranks, one_job, per_rank
     from trainmedic.diagnose.trace_rules import diagnose_trace
     from trainmedic.report.terminal import render_findings
 
@@ -106,11 +110,14 @@ def report_traces(
                 "and call prof.step() after each training step"
             )
         summaries.append(t)
-    findings: list[Finding] = []
+    compared = compare_ranks(summaries)
+    findings: list[Finding] = list(compared)
     for t in summaries:
-        findings.extend(diagnose_trace(t))
+        findings.extend(attribute_waits(diagnose_trace(t), t, compared))
     context = _context(summaries[0]) if len(summaries) == 1 else {
         "traces": [_context(t) for t in summaries]}  # fmt: skip
+    if one_job(summaries):
+        context["ranks"] = per_rank(summaries)
     document = FindingsDocument.build("report", findings, time.time(), context)
     data = document.to_json()
     to_stdout = json_out == "-"
