@@ -13,10 +13,11 @@ import pytest
 from tests.traces.events import item_each_step, x
 
 from trainmedic.cli.main import main
+from trainmedic.demo.traces import DEMO_TRACE
 from trainmedic.findings.schema import findings_schema
 
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "data"
-SAMPLED = TRACES / "sampled-rank0.json.gz"
+SAMPLED = DEMO_TRACE
 NO_STEPS = TRACES / "a100-alexnet.json.gz"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from trainmedic.demo.traces import DEMO_TRACE
 from trainmedic.diagnose.trace_rules import diagnose_trace
 from trainmedic.findings.model import Category, Severity
 from trainmedic.traces.kineto import Device, SyncSite, TraceStep, TraceSummary, read_trace
@@ -152,6 +153,8 @@ def test_a_loop_waiting_for_batches_while_the_gpu_idles() -> None:
 
 
 def trace(name: str) -> TraceSummary:
+    if name == DEMO_TRACE.name:
+        return read_trace(DEMO_TRACE)
     path = TRACES / name if (TRACES / name).exists() else SHARED / name
     if not path.exists():
         pytest.skip(f"{name}: the shared GPU traces are not beside this checkout")

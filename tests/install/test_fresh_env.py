@@ -131,3 +131,16 @@ def test_demo_without_torch_names_the_extra(bare: Path, tmp_path: Path) -> None:
     assert len(lines) == 1, result.stderr
     assert "needs torch and numpy" in lines[0]
     assert "pip install 'trainmedic[demo]'" in lines[0]
+
+
+def test_the_trace_demo_runs_from_an_installed_package_without_torch(
+    bare: Path, tmp_path: Path
+) -> None:
+    # The bundled trace and its licence notice are package data of the installed wheel.
+    result = _run([str(bare / "trainmedic"), "demo", "--scenario", "gpu-trace", "--quiet"],
+                  tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "gpu.exposed_communication" in result.stdout and "as expected" in result.stderr
+    notice = _run([str(bare / "python"), "-c", "from trainmedic.demo.traces import DEMO_TRACE;"
+                   "print((DEMO_TRACE.parent / 'NOTICE.md').read_text())"], tmp_path)  # fmt: skip
+    assert "MIT License" in notice.stdout

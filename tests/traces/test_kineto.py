@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tests.traces.events import item_each_step, x
 
+from trainmedic.demo.traces import DEMO_TRACE
 from trainmedic.traces.kineto import TraceError, read_trace
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -21,6 +22,8 @@ SHARED_ONLY = ["a100-control.json.gz", "v100-ddp-rank0.json.gz"]
 
 
 def trace_path(name: str) -> Path:
+    if name == DEMO_TRACE.name:
+        return DEMO_TRACE
     path = DATA / name if (DATA / name).exists() else SHARED / name
     if not path.exists():
         pytest.skip(f"{name}: the shared GPU traces are not beside this checkout")

@@ -19,6 +19,8 @@ from pathlib import Path
 import click
 
 from trainmedic.cli.demo_resilience import list_resilience_scenarios, run_resilience_demo
+from trainmedic.cli.demo_trace import NAME as TRACE_SCENARIO
+from trainmedic.cli.demo_trace import list_trace_scenario, run_trace_demo
 from trainmedic.cli.options import simulate_option
 from trainmedic.demo.resilience_scenarios import RESILIENCE_SCENARIOS
 from trainmedic.demo.scenarios import (
@@ -37,7 +39,7 @@ from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE
 @click.command("demo")
 @click.option(
     "--scenario",
-    type=click.Choice([*SCENARIOS, *RESILIENCE_SCENARIOS]),
+    type=click.Choice([*SCENARIOS, *RESILIENCE_SCENARIOS, TRACE_SCENARIO]),
     default=DEFAULT_SCENARIO,
     show_default=True,
     help="Which bottleneck the example reproduces (see --list).",
@@ -71,11 +73,15 @@ def demo(
     """Train the LeNet of the source article on synthetic digits under
     'trainmedic run', in a scenario that reproduces a real bottleneck, and show
     the diagnosis. The GPU scenarios (throttling, contention, memory-pressure)
-    read the GPU from a bundled simulation file (--simulate replaces it)."""
+    read the GPU from a bundled simulation file (--simulate replaces it);
+    gpu-trace judges a real GPU's torch.profiler trace, bundled."""
     if list_only:
         _list_scenarios()
         list_resilience_scenarios()
+        list_trace_scenario()
         return 0
+    if scenario == TRACE_SCENARIO:  # a recorded GPU trace: no torch needed (cli/demo_trace.py)
+        return run_trace_demo(out, steps, quiet)
     require("trainmedic demo", DEMO_MODULES, "demo")  # torch is not a core dependency
     if scenario in RESILIENCE_SCENARIOS:  # hang, crash, oom: cli/demo_resilience.py
         return run_resilience_demo(ctx, scenario, out, quiet)

@@ -56,8 +56,9 @@ def report(
     report, their clocks aligned on the steps the ranks made in lockstep.
 
     TRACE: a torch.profiler (Kineto) trace, .json or .json.gz: why the GPU idles
-    in each step (host syncs, launch-bound steps, pageable copies, exposed
-    communication), with --json for the findings document."""
+    in each step (host syncs and their call sites, launch-bound steps, pageable
+    copies, allocator churn, exposed communication; several ranks' traces
+    compared), with --json for the findings document."""
     from trainmedic.cli.report_trace import is_trace_path, report_traces
     from trainmedic.record.store import load_run_record
 
@@ -65,7 +66,8 @@ def report(
     if traces:
         if len(traces) != len(run_dirs):
             raise UsageError("give run directories or torch.profiler traces, not both")
-        return report_traces(run_dirs, json_out, html_out, trace_out, force, brief)
+        report_traces(run_dirs, json_out, html_out, trace_out, force, brief)
+        return 0
     directories: list[Path] = []
     for run_dir in run_dirs:
         if not run_dir:

@@ -84,8 +84,8 @@ def report_traces(
     trace_out: str | None,
     force: bool,
     brief: bool,
-) -> int:
-    """The report of the traces at ``paths``; exit status 0."""
+) -> FindingsDocument:
+    """Report the traces at ``paths``; the findings document reported."""
     from trainmedic.diagnose.trace_ranks import attribute_waits, compare_ranks, one_job, per_rank
     from trainmedic.diagnose.trace_rules import diagnose_trace
     from trainmedic.report.terminal import render_findings
@@ -140,4 +140,4 @@ def report_traces(
         write_output(outputs["--json"], lambda f: f.write(data))
         click.echo(f"json report written to {printable(str(outputs['--json'].path))}",
                    err=to_stdout)  # fmt: skip
-    return 0
+    return document
