@@ -104,3 +104,25 @@ def test_throttle_impact_falls_back_to_step_slowdown_without_clocks() -> None:
     (f,) = throttling(RunView.of(make_record(steps, gpu=series)), TH)
     assert f.impact == pytest.approx(25 * 0.1 / 22.5)
     assert "clock_deficit_mean" not in f.evidence
+
+
+def test_the_slowed_readings_are_joined_to_the_steps_they_overlap() -> None:
+    # Power brake for 8 s in the middle of the run (readings once a second); the 68 steps
+    # in it take 0.118 s, the 120 around them 0.1 s.
+    durations = [0.1] * 60 + [0.118] * 68 + [0.1] * 60
+    series = during(make_gpu_series(20), T0 + 6.0, T0 + 14.0,
+                    clock_event_reasons=int(R.HW_SLOWDOWN | R.HW_POWER_BRAKE_SLOWDOWN),
+                    sm_clock_mhz=1200.0)  # fmt: skip
+    (f,) = run(make_record(make_steps(len(durations), durations=durations), gpu=series))
+    assert f.id == "thermal.throttle.hw_power_brake"
+    share = f.evidence["throttled_steps_share"]
+    # (each reading stands for the second around it: a few steps each side are taken in)
+    assert 68 / 188 <= share <= 80 / 188
+    assert f.evidence["throttled_steps_slower_share"] == pytest.approx(0.18, abs=1e-6)
+    assert f"{share:.0%} of the steps ran while it was, 18% longer than the others" in f.title
+
+
+def test_slowed_steps_no_longer_than_the_others_are_said_so() -> None:
+    (f,) = run(throttled_record(R.HW_SLOWDOWN, 4.0, clock=990.0))
+    assert f.evidence["throttled_steps_slower_share"] == pytest.approx(0.0)
+    assert "no longer than the others" in f.title

@@ -323,18 +323,39 @@ class RunView:
         """
         if not intervals or self.steady_time_s <= 0:
             return None
-        merged = merge_intervals(intervals)
-        starts = [a for a, _ in merged]
-        hit: list[StepSpan] = []
-        clear: list[StepSpan] = []
-        for s in self.steady:
-            (hit if overlaps(merged, starts, s.t_start, s.t_end) else clear).append(s)
+        hit, clear = self.steps_during(intervals)
         if sum(s.count for s in hit) < 3 or sum(s.count for s in clear) < 3:
             return None
         base = weighted_quantile([(s.mean_duration_s, s.count) for s in clear], 0.5)
         assert base is not None
         extra = sum(s.count * max(0.0, s.mean_duration_s - base) for s in hit)
         return min(1.0, extra / self.steady_time_s)
+
+    def steps_during(
+        self, intervals: Sequence[Interval]
+    ) -> tuple[list[StepSpan], list[StepSpan]]:
+        """The steady steps that overlap ``intervals``, and the others."""
+        merged = merge_intervals(intervals)
+        starts = [a for a, _ in merged]
+        hit: list[StepSpan] = []
+        clear: list[StepSpan] = []
+        for s in self.steady:
+            (hit if overlaps(merged, starts, s.t_start, s.t_end) else clear).append(s)
+        return hit, clear
+
+    def steps_slower_during(self, intervals: Sequence[Interval]) -> tuple[float, float] | None:
+        """(share of the steady steps that overlap ``intervals``, how much longer their
+        median step is than the others', as a share of it); ``None`` when fewer than
+        three steps fall on either side."""
+        hit, clear = self.steps_during(intervals)
+        n_hit, n_clear = sum(s.count for s in hit), sum(s.count for s in clear)
+        if n_hit < 3 or n_clear < 3:
+            return None
+        during = weighted_quantile([(s.mean_duration_s, s.count) for s in hit], 0.5)
+        base = weighted_quantile([(s.mean_duration_s, s.count) for s in clear], 0.5)
+        if during is None or not base:
+            return None
+        return n_hit / (n_hit + n_clear), during / base - 1.0
 
 
 def overlaps(merged: Sequence[Interval], starts: Sequence[float], a: float, b: float) -> bool:
