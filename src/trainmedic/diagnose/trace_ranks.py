@@ -83,7 +83,7 @@ def compare_ranks(
         return []
     table = per_rank(traces)
     out: list[Finding] = []
-    for key, make in (("gpu_compute_ms", _imbalance), ("data_wait_ms", _data_straggler)):
+    for key, (fid, category, title, fix) in _STRAGGLERS.items():
         slow = max(table, key=lambda r: r[key])
         reference = statistics.median(r[key] for r in table if r is not slow)
         excess_ms = slow[key] - reference
@@ -94,49 +94,40 @@ def compare_ranks(
               "others_wait_ms_per_step": round(excess_ms, 3), "others_wait_share": round(share, 4),
               "ranks_compared": len(table), "world_size": traces[0].world_size,
               "per_rank": table}  # fmt: skip
-        out.append(make(slow, reference, excess_ms, share, ev, rt))
+        words = {"rank": slow["rank"], "mine": slow[key], "others": reference,
+                 "excess": excess_ms, "share": share}  # fmt: skip
+        out.append(Finding(
+            id=fid, category=category, severity=_severity(share, rt),
+            title=title.format(**words), evidence=ev, fix=fix.format(**words),
+            impact=share, subject=f"rank{slow['rank']}",
+        ))  # fmt: skip
     return out
 
 
-def _imbalance(slow: dict[str, Any], reference: float, excess_ms: float, share: float,
-               ev: dict[str, Any], rt: RankThresholds) -> Finding:  # fmt: skip
-    rank = slow["rank"]
-    return Finding(
-        id="distributed.gpu_imbalance",
-        category=Category.GPU_CAPACITY,
-        severity=_severity(share, rt),
-        title=(f"Rank {rank}'s GPU computes {slow['gpu_compute_ms']:.1f} ms a step, the "
-               f"others' {reference:.1f} ms: every other rank waits {excess_ms:.1f} ms a step "
-               f"for it at the all-reduce ({share:.0%} of the step)"),
-        evidence=ev,
-        fix=(f"Give rank {rank} the same work as the others: equal batch sizes and sequence "
-             "lengths per rank (DistributedSampler with drop_last=True, length-grouped "
-             "batches), equal model shards, no extra work on one rank inside the loop; if "
-             "the work is equal, its GPU is slower - check its clocks and temperature "
-             "(trainmedic doctor on that node)."),
-        impact=share,
-        subject=f"rank{rank}",
-    )  # fmt: skip
-
-
-def _data_straggler(slow: dict[str, Any], reference: float, excess_ms: float, share: float,
-                    ev: dict[str, Any], rt: RankThresholds) -> Finding:  # fmt: skip
-    rank = slow["rank"]
-    return Finding(
-        id="distributed.straggler.data",
-        category=Category.FRAMEWORK_CONFIG,
-        severity=_severity(share, rt),
-        title=(f"Rank {rank} is a straggler: it waits {slow['data_wait_ms']:.1f} ms a step for "
-               f"its next batch, the others {reference:.1f} ms; they wait {excess_ms:.1f} ms a "
-               f"step for it ({share:.0%} of the step)"),
-        evidence=ev,
-        fix=(f"Make rank {rank}'s loading as fast as the others': the same DataLoader "
-             "settings (num_workers, pin_memory, prefetch_factor) and data as near (local "
-             "SSD, not a remote share); run the job under 'trainmedic run' to measure which "
-             "resource its loader waits on. Every rank runs at the slowest one's pace."),
-        impact=share,
-        subject=f"rank{rank}",
-    )  # fmt: skip
+_STRAGGLERS: dict[str, tuple[str, Category, str, str]] = {
+    "gpu_compute_ms": (
+        "distributed.gpu_imbalance", Category.GPU_CAPACITY,
+        "Rank {rank}'s GPU computes {mine:.1f} ms a step, the others' {others:.1f} ms: every "
+        "other rank waits {excess:.1f} ms a step for it at the all-reduce ({share:.0%} of the "
+        "step)",
+        "Give rank {rank} the same work as the others: equal batch sizes and sequence lengths "
+        "per rank (DistributedSampler with drop_last=True, length-grouped batches), equal "
+        "model shards, no extra work on one rank inside the loop; if the work is equal, its "
+        "GPU is slower - check its clocks and temperature (trainmedic doctor on that node).",
+    ),
+    "data_wait_ms": (
+        "distributed.straggler.data", Category.FRAMEWORK_CONFIG,
+        "Rank {rank} is a straggler: it waits {mine:.1f} ms a step for its next batch, the "
+        "others {others:.1f} ms; they wait {excess:.1f} ms a step for it ({share:.0%} of the "
+        "step)",
+        "Make rank {rank}'s loading as fast as the others': the same DataLoader settings "
+        "(num_workers, pin_memory, prefetch_factor) and data as near (local SSD, not a remote "
+        "share); run the job under 'trainmedic run' to measure which resource its loader "
+        "waits on. Every rank runs at the slowest one's pace.",
+    ),
+}  # fmt: skip
+"""Per measure compared: the finding's id, category, title and fix (``str.format`` with
+the rank, its value, the others' median, the excess and its share of the step)."""
 
 
 def attribute_waits(
