@@ -87,7 +87,7 @@ def test_what_is_not_a_trace_is_one_line_and_exit_2(
     assert says in line and "Traceback" not in err
 
 
-def test_outputs_never_replace_the_trace_and_html_is_for_run_directories(
+def test_outputs_never_replace_the_trace_and_chrome_export_is_for_run_directories(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     mine = tmp_path / "mine.json.gz"
@@ -95,8 +95,10 @@ def test_outputs_never_replace_the_trace_and_html_is_for_run_directories(
     before = mine.read_bytes()
     code, _, err = run_cli(capsys, "report", str(mine), "--json", str(mine), "--force")
     assert code == 2 and "is one of the traces read" in err and mine.read_bytes() == before
-    code, _, err = run_cli(capsys, "report", str(mine), "--html", str(tmp_path / "r.html"))
-    assert code == 2 and "--html is for run directories" in err
+    code, _, err = run_cli(capsys, "report", str(mine), "--html", str(mine), "--force")
+    assert code == 2 and "is one of the traces read" in err and mine.read_bytes() == before
+    code, _, err = run_cli(capsys, "report", str(mine), "--trace", str(tmp_path / "t.json"))
+    assert code == 2 and "--trace is for run directories" in err
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     code, _, err = run_cli(capsys, "report", str(mine), str(run_dir))
@@ -150,3 +152,30 @@ def test_one_jobs_ranks_are_compared(capsys: pytest.CaptureFixture[str], tmp_pat
              and f["evidence"].get("rank") == 0]  # fmt: skip
     assert len(waits) == 1 and waits[0]["severity"] == "info"
     assert "wait for rank 1" in waits[0]["title"] and "bucket" not in waits[0]["fix"]
+
+
+def test_html_splits_each_step_into_what_the_gpu_did_and_why_it_idled(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from trainmedic.report.trace_html import step_parts_ms
+    from trainmedic.traces.kineto import read_trace
+
+    path = _write(tmp_path / "t<b>.json", item_each_step())
+    page_path = tmp_path / "r.html"
+    code, out, _ = run_cli(capsys, "report", str(path), "--html", str(page_path))
+    assert code == 0 and "html report written" in out
+    page = page_path.read_text()
+    assert "gpu.host_sync" in page and "idle after syncs" in page
+    assert "<code>t&lt;b&gt;.json</code>" in page and "t<b>.json" not in page  # escaped
+    # The parts of a step add up to it: 600 µs of GPU work, 150 µs idle after the sync,
+    # the rest of the 1 ms idle with no reason the trace shows.
+    step = read_trace(path).steps[0]
+    parts = step_parts_ms(step)
+    assert parts == pytest.approx((0.6, 0.0, 0.15, 0.0, 0.25))
+    assert sum(parts) == pytest.approx(step.dur_us / 1000)
+    # Its own earlier page is replaced; a file of the user's is not, without --force.
+    assert run_cli(capsys, "report", str(path), "--html", str(page_path))[0] == 0
+    notes = tmp_path / "notes.html"
+    notes.write_text("<p>mine</p>")
+    code, _, err = run_cli(capsys, "report", str(path), "--html", str(notes))
+    assert code == 2 and "Traceback" not in err and notes.read_text() == "<p>mine</p>"

@@ -3,7 +3,9 @@
 Each trace is read as a stream (:mod:`trainmedic.traces.kineto`, a progress
 bar on standard error while it reads) and judged by
 :mod:`trainmedic.diagnose.trace_rules`; the report is the terminal one and,
-with ``--json``, the findings document, whose ``context`` carries ``steps``,
+with ``--html``, a page with a bar per step splitting its time into what the
+GPU did and why it idled (:mod:`trainmedic.report.trace_html`); with
+``--json``, the findings document, whose ``context`` carries ``steps``,
 ``step_time_median_s`` and ``gpu_busy_share`` (several traces: one entry each
 under ``traces``). Traces of one job's ranks (distinct ranks, one world size)
 are also compared (:mod:`trainmedic.diagnose.trace_ranks`: the rank the others
@@ -90,11 +92,10 @@ def report_traces(
     from trainmedic.diagnose.trace_rules import diagnose_trace
     from trainmedic.report.terminal import render_findings
 
-    if html_out or trace_out:
-        flag = "--html" if html_out else "--trace"
-        raise UsageError(f"{flag} is for run directories; a trace gets the terminal report "
-                         "and --json")  # fmt: skip
-    outputs = check_outputs({"--json": json_out}, force=force)
+    if trace_out:
+        raise UsageError("--trace is for run directories; a trace gets the terminal report, "
+                         "--json and --html")  # fmt: skip
+    outputs = check_outputs({"--json": json_out, "--html": html_out}, force=force)
     inputs = {Path(p).resolve() for p in paths}
     for output in outputs.values():
         if output.target.resolve() in inputs:
@@ -136,6 +137,13 @@ def report_traces(
             )
         console.print()
         render_findings(console, document.findings, "findings", show_info=not brief)
+    if "--html" in outputs:
+        from trainmedic.report.trace_html import render_trace_html
+
+        page = render_trace_html(summaries, document.findings, context.get("ranks"))
+        write_output(outputs["--html"], lambda f: f.write(page))
+        click.echo(f"html report written to {printable(str(outputs['--html'].path))}",
+                   err=to_stdout)  # fmt: skip
     if "--json" in outputs:
         write_output(outputs["--json"], lambda f: f.write(data))
         click.echo(f"json report written to {printable(str(outputs['--json'].path))}",

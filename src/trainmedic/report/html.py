@@ -58,7 +58,7 @@ def render_html_report(record: RunRecord, findings: Sequence[Finding]) -> str:
         _summary(summarize(record)),
         ranks_html(record),
         incidents_html(record),
-        _findings(findings),
+        findings_html(findings),
         '<h2 id="plots">Over the run</h2>',
         step_section(record, clock, figures),
         gpu_section(record, clock, figures),
@@ -92,7 +92,8 @@ def _summary(s: RunSummary) -> str:
     return '<h2 id="summary">Summary</h2>\n' + _table(rows, "summary")
 
 
-def _findings(findings: Sequence[Finding]) -> str:
+def findings_html(findings: Sequence[Finding]) -> str:
+    """The findings section, ranked, with their fixes and evidence (escaped)."""
     ranked = rank_findings(findings)
     counts = {sev: sum(1 for f in ranked if f.severity is sev) for sev in Severity}
     head = (
