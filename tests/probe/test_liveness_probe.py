@@ -59,12 +59,17 @@ def test_a_spinning_thread_holds_the_interpreter_lock() -> None:
 
     run_in_thread(spinner, ready)
     samples = ThreadSamples()
-    for _ in range(SAMPLES):
+    # A sample waits for the loop to let go of the lock whenever the loop's thread is on a
+    # core. On a loaded machine the OS may not run it at the moment the sampler lets go,
+    # and that sample finds the lock free: so count up to a bound, not a share of a
+    # fixed number (the sleeping thread's test above bounds the other side).
+    for _ in range(10 * SAMPLES):
         samples.sample()
+        if samples.gil_busy >= SAMPLES // 2:
+            break
     counted, busy = samples.take()
     stop.set()
-    # Samples wait for the loop to let go (most of them, whatever the machine's load).
-    assert counted == SAMPLES and busy >= SAMPLES // 2
+    assert busy >= SAMPLES // 2, (counted, busy)
 
 
 def test_no_frame_describes_nothing() -> None:
