@@ -179,3 +179,13 @@ def test_html_splits_each_step_into_what_the_gpu_did_and_why_it_idled(
     notes.write_text("<p>mine</p>")
     code, _, err = run_cli(capsys, "report", str(path), "--html", str(notes))
     assert code == 2 and "Traceback" not in err and notes.read_text() == "<p>mine</p>"
+
+
+def test_a_trace_given_twice_and_html_to_stdout_are_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_cli(capsys, "report", str(SAMPLED), str(SAMPLED))
+    assert code == 2 and "is given twice" in err and out == ""
+    code, out, err = run_cli(capsys, "report", str(SAMPLED), "--html", "-")
+    (line,) = err.strip().splitlines()
+    assert code == 2 and "only --json writes to standard output" in line and out == ""

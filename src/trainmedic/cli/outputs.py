@@ -85,7 +85,8 @@ def check_outputs(
 ) -> dict[str, Output]:
     """The outputs to write, checked by the rules in the module docstring.
 
-    ``None`` and ``"-"`` (stdout) values are left out.
+    ``None`` and ``--json``'s ``"-"`` (stdout) are left out; ``"-"`` for another flag
+    is refused (only the findings document goes to standard output).
 
     Raises:
         UsageError / InputError: one line naming the flag and the problem (exit 2).
@@ -94,8 +95,11 @@ def check_outputs(
     seen: dict[Path, str] = {}
     run_root = _resolved_dir(run_dir)
     for flag, value in requested.items():
-        if value is None or value == "-":
+        if value is None or (value == "-" and flag == "--json"):
             continue
+        if value == "-":
+            raise UsageError(f"{flag} -: only --json writes to standard output; give {flag} a "
+                             "file name")  # fmt: skip
         output = _check_one(flag, value, run_root, force)
         if output.target in seen and not output.stream:
             raise UsageError(

@@ -96,7 +96,11 @@ def report_traces(
         raise UsageError("--trace is for run directories; a trace gets the terminal report, "
                          "--json and --html")  # fmt: skip
     outputs = check_outputs({"--json": json_out, "--html": html_out}, force=force)
-    inputs = {Path(p).resolve() for p in paths}
+    inputs: set[Path] = set()
+    for p in paths:
+        if Path(p).resolve() in inputs:
+            raise InputError(f"trace {printable(p)} is given twice")
+        inputs.add(Path(p).resolve())
     for output in outputs.values():
         if output.target.resolve() in inputs:
             raise UsageError(f"--json {printable(str(output.path))} is one of the traces read")
