@@ -452,12 +452,20 @@ def _read(path: Path, on_read: Callable[[int], None] | None) -> TraceSummary:
     steps.sort(key=lambda s: s[1])
     sync_calls.sort()
     windows = _Windows(steps)
-    in_steps = [c for c in sync_calls if windows.at(c[0]) is not None]
+    # Each synchronisation inside a step, with (its step, the GPU's idle time after it).
+    in_steps, idles = [], []
+    for c in sync_calls:
+        got = windows.idle_after(c[0], c[1], spans)
+        if got is not None:
+            in_steps.append(c)
+            idles.append(got)
+    sync_idle: dict[int, float] = {}
+    for number, idle in idles:
+        sync_idle[number] = sync_idle.get(number, 0.0) + idle
     sites: tuple[SyncSite, ...] = ()
     stacks = bool(categories.get("python_function"))
     if in_steps and (stacks or categories.get("cpu_op")):
-        sites = _sync_sites(path, in_steps, spans, windows)
-    sync_idle = _idle_after(in_steps, spans, windows)
+        sites = _sync_sites(path, in_steps, [idle for _, idle in idles])
     out = []
     for number, start, dur in steps:
         end = start + dur
@@ -583,27 +591,14 @@ class _Windows:
         return self.numbers[i], idle
 
 
-def _idle_after(
-    syncs: list[tuple[float, float, int, str]], spans: _Spans, windows: _Windows
-) -> dict[int, float]:
-    """Per step, the GPU's idle time after its synchronisations (the drained GPU waiting
-    for the host to launch again), microseconds."""
-    out: dict[int, float] = {}
-    for ts, dur, _, _ in syncs:
-        got = windows.idle_after(ts, dur, spans)
-        if got is not None:
-            out[got[0]] = out.get(got[0], 0.0) + got[1]
-    return out
-
-
 def _sync_sites(
     path: Path,
     syncs: list[tuple[float, float, int, str]],
-    spans: _Spans,
-    windows: _Windows,
+    idles: list[float],
 ) -> tuple[SyncSite, ...]:
-    """The call sites of the synchronisations inside steps, from a second pass over the
-    events: the Python frames (``with_stack=True``) and operators around each."""
+    """The call sites of the synchronisations inside steps (with the GPU's idle time
+    after each, ``idles``), from a second pass over the events: the Python frames
+    (``with_stack=True``) and operators around each."""
     by_tid: dict[int, list[int]] = {}
     for i, (_, _, tid, _) in enumerate(syncs):
         by_tid.setdefault(tid, []).append(i)
@@ -629,13 +624,12 @@ def _sync_sites(
             if s_ts + s_dur <= end:
                 frames[k].append((float(dur), cat, name))
     sites: dict[tuple[str | None, str | None, str], list[float]] = {}
-    for (ts, dur, _, call), around in zip(syncs, frames, strict=True):
+    for (_, dur, _, call), around, idle in zip(syncs, frames, idles, strict=True):
         where, what = _call_site(around)
         agg = sites.setdefault((where, what, call), [0, 0.0, 0.0])
         agg[0] += 1
         agg[1] += dur
-        got = windows.idle_after(ts, dur, spans)
-        agg[2] += got[1] if got is not None else 0.0
+        agg[2] += idle
     ranked = sorted(sites.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))
     return tuple(
         SyncSite(where=w, call=c, runtime=r, count=int(a[0]), host_us=a[1], gpu_idle_us=a[2])
