@@ -101,9 +101,9 @@ def report_traces(
         if Path(p).resolve() in inputs:
             raise InputError(f"trace {printable(p)} is given twice")
         inputs.add(Path(p).resolve())
-    for output in outputs.values():
+    for flag, output in outputs.items():
         if output.target.resolve() in inputs:
-            raise UsageError(f"--json {printable(str(output.path))} is one of the traces read")
+            raise UsageError(f"{flag} {printable(str(output.path))} is one of the traces read")
     summaries = []
     for p in paths:
         t = _read(Path(p))
