@@ -45,6 +45,10 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 USABLE_CORES = len(os.sched_getaffinity(0))
 #: others' CPU from which a contention finding is the machine's, not the case's.
 OTHERS_MIN_CORES = 0.5
+#: others' CPU from which a measured run-queue wait of a quarter of the training
+#: thread's time (a contention error) is the machine's: on a job that fills its
+#: cores, a third of a core of others' work is enough to make it wait that long.
+OTHERS_MIN_CORES_MEASURED_ERROR = 0.25
 #: the evidence key of a finding whose parts disagree (trainmedic.diagnose.consistency).
 CONSISTENCY_PROBLEMS = "consistency_problems"
 
@@ -552,7 +556,11 @@ def _machine_contention(case: Case, f: Finding) -> bool:
     ev = f["evidence"]
     others = ev.get("others_cpu_cores", 0.0)
     measured = ev.get("train_cpu_wait_share", ev.get("others_cpu_limit_cores"))
-    return others >= OTHERS_MIN_CORES and measured is not None
+    if measured is None:
+        return False
+    if f["severity"] == "error" and "train_cpu_wait_share" in ev:
+        return others >= OTHERS_MIN_CORES_MEASURED_ERROR
+    return others >= OTHERS_MIN_CORES
 
 
 def _supervisor_share(run_dir: Path) -> float | None:
