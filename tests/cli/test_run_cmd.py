@@ -313,6 +313,7 @@ def test_a_bad_prometheus_address_is_refused_before_anything_starts(
     [
         ("TRAINMEDIC_PROBE_DISABLE", "stacks,sampled-detail", "(did you mean sampled_detail?)"),
         ("TRAINMEDIC_PROBE_INJECT_FAULT", "all", "names no probe part all"),
+        ("TRAINMEDIC_PROBE_PROFILE", "sometimes", "'sometimes' is not one of auto, always, off"),
     ],
 )
 def test_a_misspelled_probe_part_is_refused_before_the_job_runs(

@@ -80,3 +80,30 @@ def assert_hardware_findings_match_the_readings(
             ecc = [g.ecc.volatile_uncorrected for g in read]
             counts = [n for n in ecc if n is not None]
             assert counts and max(counts) > counts[0], f
+
+
+def test_a_live_window_names_the_item_each_step_and_the_pageable_copies(tmp_path: Path) -> None:
+    """The profiler window of a CUDA job (on by default) finds what a trace shows: the
+    ``.item()`` in ``train_step`` every step and batches copied from pageable memory."""
+    run_dir = tmp_path / "run"
+    job = [sys.executable, str(SCRIPTS / "item_and_pageable.py"), "200", "cuda"]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
+         "--", *job],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    windows = [e for e in events if e["kind"] == "profile_window"]
+    assert windows and windows[0]["data"]["cuda"] is True, windows
+    document = json.loads((run_dir / "findings.json").read_text())
+    (context,) = document["context"]["profile_windows"]
+    assert context["gpu_busy_share"] is not None and context["steps"] >= 1
+    found = {f["id"]: f for f in document["findings"]}
+    sync = found.get("gpu.host_sync")
+    assert sync is not None, sorted(found)
+    assert "item_and_pageable.py" in json.dumps(sync["evidence"]) and "train_step" in json.dumps(
+        sync["evidence"]
+    )
+    assert "gpu.pageable_copies" in found, sorted(found)
+    assert str(found["gpu.pageable_copies"]["evidence"]["profile"]).startswith("profiles/")

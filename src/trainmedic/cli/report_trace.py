@@ -135,9 +135,12 @@ def report_traces(
             step = (t.step_time_median_s or 0.0) * 1000
             where = f"{t.device.name} " if t.device is not None and t.device.name else ""
             rank = f", rank {t.rank} of {t.world_size}" if t.rank is not None else ""
+            gpu = (f"{where}GPU busy {busy:.0%} of each step (median)" if t.device is not None
+                   else "no GPU activity recorded (CPU activities only): nothing to judge "
+                        "on the GPU side")  # fmt: skip
             console.print(
                 f"[bold]{printable(Path(t.path).name)}[/]: {len(t.steps)} steps, median "
-                f"{step:.1f} ms, {where}GPU busy {busy:.0%} of each step (median){rank}"
+                f"{step:.1f} ms, {gpu}{rank}"
             )
         console.print()
         render_findings(console, document.findings, "findings", show_info=not brief)

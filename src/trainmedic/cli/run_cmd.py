@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from trainmedic.errors import UsageError
 from trainmedic.findings.model import Finding
 from trainmedic.ostext import printable
 from trainmedic.record.guard import record_loss_finding
-from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE
+from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE, PROFILES_DIR
 from trainmedic.report.run_findings import run_document
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trainmedic.supervise.attempts import ResilienceOptions
     from trainmedic.supervise.metrics_server import Exporter
     from trainmedic.supervise.session import RunOutcome
+    from trainmedic.traces.windows import WindowTrace
 
 
 @click.command(
@@ -116,9 +117,9 @@ def run(
         load_simulation(simulate)  # a bad file is refused before anything runs
     resolve_command(argv[0], os.environ)
     if not no_probe:
-        from trainmedic.probe.env import unknown_parts
+        from trainmedic.probe.env import settings_problem
 
-        wrong = unknown_parts(os.environ)
+        wrong = settings_problem(os.environ)
         if wrong is not None:
             raise UsageError(wrong)
     listen = None
@@ -239,9 +240,13 @@ def _diagnose_and_report(
     try:
         from trainmedic.diagnose import diagnose_run
         from trainmedic.record.store import load_run_record
+        from trainmedic.traces.windows import read_window_traces
 
         record = load_run_record(run_dir)
-        findings = list(diagnose_run(record, outcome.machine))
+        windows = read_window_traces(run_dir)
+        for problem in windows.problems:
+            _say(f"trainmedic: a profiler window's trace was not read: {problem}")
+        findings = list(diagnose_run(record, outcome.machine, windows=windows.traces))
     except Exception as exc:
         _say(
             f"trainmedic: error: the run was recorded in {shown} but could not be "
@@ -255,6 +260,7 @@ def _diagnose_and_report(
         findings,
         exit_code=record.meta.exit_code,
         run_dir=shown,
+        **({"profile_windows": _window_context(windows.traces)} if windows.traces else {}),
         **({"apply_plan": plan} if plan is not None else {}),
     )
     ranked = list(document.findings)
@@ -269,6 +275,23 @@ def _diagnose_and_report(
     with contextlib.suppress(OSError, ValueError):
         _print_summary(console, record, ranked, where, plan)
     return ranked
+
+
+def _window_context(windows: Sequence[WindowTrace]) -> list[dict[str, Any]]:
+    """What each profiler window's trace showed, for the findings document's context."""
+    return [
+        {
+            "profile": f"{PROFILES_DIR}/{w.file}",
+            "pid": w.pid,
+            "after_step": w.after_step,
+            "steps": len(w.summary.steps),
+            "step_time_median_s": w.summary.step_time_median_s,
+            "gpu_busy_share": (round(w.summary.gpu_busy_share, 4)
+                               if w.summary.device is not None and w.summary.gpu_busy_share
+                               is not None else None),
+        }
+        for w in windows
+    ]  # fmt: skip
 
 
 class _StderrConsole(Console):

@@ -4,7 +4,9 @@ Each rule is a pure function ``(RunView, Thresholds) -> list[Finding]`` in the
 module of its family; :data:`RULES` lists them in the order they run and
 :func:`diagnose_run` applies them, checks that every finding's parts agree
 (:mod:`trainmedic.diagnose.consistency`), adds the overall verdict
-(``run.healthy`` / ``run.no_steps``) and ranks the result. Thresholds and
+(``run.healthy`` / ``run.no_steps``) and ranks the result. The findings of the
+run's profiler windows, when it has some (:mod:`trainmedic.diagnose.trace_windows`),
+join the run's before the verdict. Thresholds and
 their reasons: docs/diagnosis.md.
 """
 
@@ -30,11 +32,13 @@ from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.stalls import stalls
 from trainmedic.diagnose.thermal import throttling
 from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from trainmedic.diagnose.trace_windows import PRECISE_GPU, window_findings
 from trainmedic.diagnose.utilization import host_overhead, small_batch
 from trainmedic.diagnose.view import RunView
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Finding, rank_findings
 from trainmedic.record.types import RunRecord
+from trainmedic.traces.windows import WindowTrace
 
 Rule = Callable[[RunView, Thresholds], Sequence[Finding]]
 
@@ -67,8 +71,10 @@ def diagnose_run(
     rules: Sequence[Rule] = RULES,
     *,
     strict: bool = False,
+    windows: Sequence[WindowTrace] = (),
 ) -> list[Finding]:
-    """Findings about ``record``, most important first (:func:`rank_findings`).
+    """Findings about ``record``, most important first (:func:`rank_findings`), with
+    those of its profiler windows' traces (:func:`~trainmedic.traces.windows.read_window_traces`).
 
     Every finding passes the consistency checks (:mod:`trainmedic.diagnose.consistency`)
     before the overall verdict is drawn: one whose parts disagree is kept as
@@ -79,13 +85,15 @@ def diagnose_run(
     findings: list[Finding] = []
     for rule in rules:
         findings.extend(rule(view, thresholds))
-    findings = _without_superseded(findings)
     findings = checked(findings, view, thresholds, strict=strict)
+    findings.extend(window_findings(windows))
+    findings = _without_superseded(findings)
     findings.extend(checked(overall(view, thresholds, findings), view, thresholds, strict=strict))
     return rank_findings(findings)
 
 
 STRAGGLER_DATA = "distributed.straggler.data"
+HOST_OVERHEAD = "gpu.host_overhead"
 
 
 def _without_superseded(findings: list[Finding]) -> list[Finding]:
@@ -95,9 +103,15 @@ def _without_superseded(findings: list[Finding]) -> list[Finding]:
     input rule, which pools every rank's steps, would report the job waiting for
     data at the average of one slow rank and fast ones, naming no rank; the
     straggler finding names the rank, its cause and what it costs the others.
+
+    A profiler window that names why the GPU idles (a synchronisation, launches,
+    pageable copies, the allocator) replaces the run's finding that it idles while
+    the host works, which could say no more than that.
     """
     if any(f.id == STRAGGLER_DATA for f in findings):
-        return [f for f in findings if not f.id.startswith("input.")]
+        findings = [f for f in findings if not f.id.startswith("input.")]
+    if any(f.id in PRECISE_GPU for f in findings):
+        findings = [f for f in findings if f.id != HOST_OVERHEAD]
     return findings
 
 

@@ -232,8 +232,9 @@ def _fragmented(t: TraceSummary) -> Finding | None:
 
 
 def diagnose_trace(t: TraceSummary) -> list[Finding]:
-    """The findings of a trace with steps (a trace without is refused before this)."""
-    if not t.steps:
+    """The findings of a trace with steps (a trace without is refused before this) and
+    GPU activity (a trace of CPU activities alone has none to judge)."""
+    if not t.steps or t.device is None:
         return []
     steps = t.steps
     busy = t.gpu_busy_share or 0.0

@@ -23,6 +23,10 @@ DISABLE = "TRAINMEDIC_PROBE_DISABLE"
 """Comma-separated probe parts to leave off (``all`` disables the probe)."""
 INJECT_FAULT = "TRAINMEDIC_PROBE_INJECT_FAULT"
 """Comma-separated probe parts that raise on first use: a self-test of failure isolation."""
+PROFILE = "TRAINMEDIC_PROBE_PROFILE"
+"""When the probe opens torch.profiler windows: ``auto`` (CUDA jobs, the default),
+``always`` (any torch job) or ``off`` (:mod:`trainmedic.probe.profile_window`)."""
+PROFILE_MODES = ("auto", "always", "off")
 BOOTSTRAP_ERRORS = "bootstrap-errors.log"
 """File in the run directory where a bootstrap that failed to load the probe leaves one line."""
 
@@ -89,6 +93,18 @@ def unknown_parts(environ: Mapping[str, str]) -> str | None:
                 f"{variable} names no probe part {', '.join(wrong)}{hint}; "
                 f"the parts are {', '.join(known)}"
             )
+    return None
+
+
+def settings_problem(environ: Mapping[str, str]) -> str | None:
+    """What is wrong with the probe's settings in ``environ`` (one line), or ``None``:
+    the part names (:func:`unknown_parts`) and :data:`PROFILE`."""
+    wrong = unknown_parts(environ)
+    if wrong is not None:
+        return wrong
+    mode = environ.get(PROFILE)
+    if mode is not None and mode not in PROFILE_MODES:
+        return f"{PROFILE}={mode!r} is not one of {', '.join(PROFILE_MODES)}"
     return None
 
 

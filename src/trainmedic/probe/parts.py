@@ -22,6 +22,7 @@ PART_NAMES = (
     "loader",  # DataLoader wait, loader settings, batch sizes
     "stacks",  # stack sampling of loading threads and workers
     "cuda",  # CUDA events and allocator statistics
+    "profiler",  # the torch.profiler windows (probe.profile_window)
     "heartbeat",  # liveness messages with the main thread's frames
     "exceptions",  # sys.excepthook chain and error files
     "forensics",  # stacks on demand when the supervisor declares a hang

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.forensics import StackDumps
+    from trainmedic.probe.profile_window import ProfileWindow
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam
     from trainmedic.probe.steps import StepDraft, StepTracker
@@ -109,6 +110,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.detail: DetailSwitch | None = None
         self.step_stats: StepStats | None = None
         self.cuda: Any = None
+        self.profile_window: ProfileWindow | None = None
         self.torch: ModuleType | None = None
         self.restore: list[Callable[[], None]] = []
         # Messages, and finished steps as (draft, timing, alloc) to build records from.
@@ -189,6 +191,8 @@ class Probe(ProbeAgent, ProbeIncidents):
             self.tracker.reset()
         if self.cuda is not None:
             self.cuda.reset()
+        if self.profile_window is not None:
+            self.profile_window.abandon()
 
     def at_exit(self) -> None:
         """Send what is left, then a goodbye (runs from ``atexit`` or a worker's end)."""
@@ -203,6 +207,12 @@ class Probe(ProbeAgent, ProbeIncidents):
                 steps.fail(exc)
         if self.cuda is not None:
             self.cuda.flush()
+        window = self.profile_window
+        if window is not None and self.parts["profiler"].on:
+            try:
+                window.finish()  # its event goes out with the rest
+            except Exception as exc:
+                self._profile_failed(exc)
         # Read before the threads end: a thread's CPU clock goes with it.
         cpu_s = self._threads_cpu_s()
         if self.sampler is not None:
@@ -289,11 +299,45 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.detail = DetailSwitch(tracker, enabled=self.parts["sampled_detail"].on)
         torch_hooks.install(torch, self, tracker, frozenset(g.feature for g in gaps))
         self.detail.forward = self.forward
+        self._install_profile_window(torch)
         if os.environ.get("TRAINMEDIC_APPLY"):  # trainmedic run --apply-from
             from trainmedic.probe import apply  # never raises: its errors become events
 
             apply.install(torch, self)
         self.emit(self._torch_info(torch, cuda_ready=False))
+
+    def _install_profile_window(self, torch: ModuleType) -> None:
+        """The profiler windows (:mod:`trainmedic.probe.profile_window`), where they apply:
+        a run directory to write to, the part on, and CUDA in this build of torch unless
+        ``always`` was asked for."""
+        from trainmedic.probe.env import PROFILE
+        from trainmedic.probe.profile_window import ProfileWindow
+
+        mode = os.environ.get(PROFILE, "auto")
+        part = self.parts["profiler"]
+        if mode not in ("auto", "always") or not part.on or self.config.run_dir is None:
+            return
+        cuda = self.cuda
+        if mode == "auto" and cuda is None:
+            return  # a CPU-only build: no GPU to learn about
+        name = f"pid{self.pid}" + (f"-rank{self.rank}" if self.rank is not None else "")
+        self.profile_window = ProfileWindow(
+            torch,
+            part,
+            self.config.run_dir,
+            name,
+            uses_cuda=(lambda: cuda.active()) if cuda is not None else (lambda: False),
+            capturing=(lambda: cuda.capturing()) if cuda is not None else (lambda: False),
+            send_event=lambda kind, message, data: self.emit(self.event(kind, message, data)),
+            mode=mode,
+        )
+
+    def _profile_failed(self, exc: BaseException) -> None:
+        window = self.profile_window
+        self.profile_window = None
+        self.parts["profiler"].fail(exc)
+        if window is not None:
+            window.stop_quietly()
 
     def _torch_info(self, torch: Any, cuda_ready: bool) -> TorchInfo:
         from trainmedic.channel.wire import TorchInfo
@@ -361,6 +405,12 @@ class Probe(ProbeAgent, ProbeIncidents):
                 detail.step_ended(draft)
             except Exception as exc:
                 self.detail_failed(exc)
+        window = self.profile_window
+        if window is not None:
+            try:
+                window.step_ended(draft)
+            except Exception as exc:
+                self._profile_failed(exc)
         if self.cuda is not None:
             self.cuda.add(draft)
         elif not self.failed and len(self.outbox) < MAX_OUTBOX:

@@ -12,6 +12,8 @@ LOADER_ACTIVITY_FILE = "loader_activity.jsonl"
 EVENTS_FILE = "events.jsonl"
 FINDINGS_FILE = "findings.json"
 """The run's findings document, written at its end (docs/findings-schema.md)."""
+PROFILES_DIR = "profiles"
+"""The folder of the torch.profiler traces the probe recorded (trainmedic.probe.profile_window)."""
 HTML_FILE = "report.html"
 """The run's HTML report, written at its end unless ``--no-html``."""
 LINE_FILES = (

@@ -56,7 +56,10 @@ def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
         raise RunDirectoryError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
     if present:
         return read_findings_document(path)
-    return run_document(record, diagnose_run(record), rediagnosed=True)
+    from trainmedic.traces.windows import read_window_traces
+
+    windows = read_window_traces(run_dir).traces
+    return run_document(record, diagnose_run(record, windows=windows), rediagnosed=True)
 
 
 def diagnose_merged(record: RunRecord) -> FindingsDocument:

@@ -84,9 +84,11 @@ FREE_CALLS = frozenset(
 LIBRARY_PACKAGES = frozenset(
     {"torch", "torchvision", "torchaudio", "torchtext", "numpy", "lightning",
      "pytorch_lightning", "transformers", "accelerate", "deepspeed", "apex", "timm",
-     "fairscale", "composer", "datasets", "triton", "functorch", "einops", "tqdm"}
+     "fairscale", "composer", "datasets", "triton", "functorch", "einops", "tqdm",
+     "trainmedic"}
 )  # fmt: skip
-"""Top-level packages whose frames are library code around a user's call."""
+"""Top-level packages whose frames are library code around a user's call (trainmedic's
+own: the probe's hooks are on the stack in a window it recorded)."""
 MAX_SITES = 5
 """Synchronisation call sites kept, the costliest first."""
 _FRAME = re.compile(r"^(.+?)\((\d+)\): (.+)$")
