@@ -162,3 +162,15 @@ def test_an_error_stops_the_profiler_it_opened(tmp_path: Path) -> None:
     faulty = Job(tmp_path, fault=True)
     with pytest.raises(InjectedFault):
         faulty.steps(1)
+
+
+def test_a_trace_that_cannot_be_written_is_an_event_and_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / PROFILES_DIR).write_text("a file where the folder would be")
+    job = Job(tmp_path)
+    job.steps(FIRST_STEP + WARMUP_STEPS + ACTIVE_STEPS)
+    job.window.finish()
+    (kind, message, data) = job.events[-1]
+    assert kind == "profile_window" and "could not be written" in message
+    assert "path" not in data and data["error"].startswith(("FileExistsError", "NotADirectory"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PROFILES_DIR]
+    assert not job.window.open and job.window.windows == 1
