@@ -18,7 +18,15 @@ from collections.abc import Sequence
 import click
 
 from trainmedic import __version__
-from trainmedic.cli import compare_cmd, demo_cmd, doctor_cmd, report_cmd, run_cmd, tune_cmd
+from trainmedic.cli import (
+    attach_cmd,
+    compare_cmd,
+    demo_cmd,
+    doctor_cmd,
+    report_cmd,
+    run_cmd,
+    tune_cmd,
+)
 from trainmedic.errors import TrainmedicError
 from trainmedic.ostext import printable
 
@@ -31,6 +39,7 @@ def cli() -> None:
     \b
     trainmedic doctor            check this machine (GPUs, driver, CPU, memory, disk)
     trainmedic run -- CMD ...    run a training command and diagnose it
+    trainmedic attach PID        why a job already running is slow, or whether it is stuck
     trainmedic report RUN_DIR    show a finished run's report again
     trainmedic compare A B       did a change make run B faster than run A?
     trainmedic demo              a bundled example run
@@ -41,6 +50,7 @@ def cli() -> None:
 for _command in (
     doctor_cmd.COMMAND,
     run_cmd.COMMAND,
+    attach_cmd.COMMAND,
     report_cmd.COMMAND,
     demo_cmd.COMMAND,
     tune_cmd.COMMAND,
