@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,15 +116,42 @@ def test_a_job_stuck_on_a_lock_is_a_hang_at_its_line(tmp_path: Path) -> None:
         assert hang["evidence"]["silence"] == "blocked"
         assert hang["evidence"]["location"].endswith("train_job.py:" + _line("lock.acquire()  #"))
         assert "lock.acquire" in hang["title"]
+        holder = hang["evidence"]["holder"]
+        assert holder["self"] and holder["lock"] == "lock"
+        assert holder["at"] == "train_job.py:" + _line("lock.acquire()\n", exact="lock.acquire()")
+        assert "RLock" in hang["fix"]
         stacks = (tmp_path / "dump" / "stacks.txt").read_text()
         assert "train_job.py" in stacks and "MainThread" in stacks
+        # A stuck job's native frames are dumped too: the C call it waits in.
+        native = (tmp_path / "dump" / f"native-{job.proc.pid}.txt").read_text()
+        assert "acquire" in native and "train_job.py" in native
         assert job.proc.poll() is None  # still there: attach never stops a job
     finally:
         job.kill()
 
 
-def _line(marker: str) -> str:
+def test_a_lock_kept_by_another_thread_names_that_thread(tmp_path: Path) -> None:
+    job = Job("held", 120)
+    try:
+        assert job.proc.stdout is not None and job.proc.stdout.readline().strip() == "stuck"
+        _, doc = attach(job.proc.pid, tmp_path, "--html", str(tmp_path / "a.html"))
+        (hang,) = doc["findings"]
+        assert hang["id"] == "failure.hang" and hang["evidence"]["silence"] == "blocked"
+        holder = hang["evidence"]["holder"]
+        assert (holder["self"], holder["thread"], holder["lock"]) == (False, "keeper", "lock")
+        assert holder["at"] == "train_job.py:" + _line("with lock:  # the keeper")
+        assert "keeper" in hang["title"]
+        page = (tmp_path / "a.html").read_text()
+        assert "failure.hang" in page and "Processes" in page
+        assert job.proc.poll() is None
+    finally:
+        job.kill()
+
+
+def _line(marker: str, exact: str | None = None) -> str:
     lines = SCRIPT.read_text().splitlines()
+    if exact is not None:
+        return str(next(i for i, line in enumerate(lines, 1) if line.strip() == exact))
     return str(next(i for i, line in enumerate(lines, 1) if marker in line))
 
 
@@ -197,3 +225,54 @@ def test_under_torchrun_the_agent_leads_to_the_rank_the_others_wait_for(tmp_path
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def _without_ptrace() -> list[str] | None:
+    """A prefix that runs a command as root without CAP_SYS_PTRACE (``None``: cannot here)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return None
+    return [setpriv, "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", "--"]
+
+
+def test_without_the_right_to_read_the_job_it_says_how_and_keeps_what_proc_shows(
+    tmp_path: Path,
+) -> None:
+    # The job runs as another user ("nobody"); attach runs as root without CAP_SYS_PTRACE,
+    # as in a container started without --cap-add SYS_PTRACE.
+    prefix = _without_ptrace()
+    python = os.path.realpath(sys.executable)
+    if prefix is None or not os.access(python, os.X_OK):
+        pytest.skip("needs root and setpriv to drop CAP_SYS_PTRACE")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    job = subprocess.Popen(
+        [*nobody, python, "-c", "import time\nprint('ready', flush=True)\n"
+         "while True:\n    sum(range(20000)); time.sleep(0.002)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None
+        ready, _, _ = select.select([job.stdout], [], [], 30)
+        if not ready or job.stdout.readline().strip() != "ready":
+            pytest.skip("user 65534 cannot run this interpreter here")
+        out = tmp_path / "attach.json"
+        done = subprocess.run(
+            [*prefix, sys.executable, "-m", "trainmedic", "attach", str(job.pid), "--seconds",
+             "2", "--json", str(out)], capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        doc = json.loads(out.read_text())
+        first = doc["findings"][0]
+        assert first["id"] == "probe.not_loaded"
+        assert "CAP_SYS_PTRACE" in first["evidence"]["reason"]
+        assert "--cap-add SYS_PTRACE" in first["title"]
+        # What /proc shows is still there: the process, its CPU, and no healthy verdict.
+        assert [p["pid"] for p in doc["context"]["processes"]] == [job.pid]
+        assert "run.healthy" not in {f["id"] for f in doc["findings"]}
+        # One line per process in the terminal, whatever its arguments hold.
+        described = next(line for line in done.stdout.splitlines() if f"pid {job.pid}," in line)
+        assert "import time\\nprint" in described
+        assert job.poll() is None
+    finally:
+        job.kill()
+        job.wait(10)

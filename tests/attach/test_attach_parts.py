@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from trainmedic.attach.access import read_problem
-from trainmedic.attach.judge import _calls, part_of
+from trainmedic.attach.parts import part_of
 from trainmedic.attach.spy import Frame, parse_raw
+from trainmedic.attach.states import calls as _calls
 from trainmedic.attach.tree import _roles
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -95,6 +96,18 @@ def test_the_right_to_read_a_process_and_how_to_get_it(
         assert got is None
     else:
         assert got is not None and says in got and ("sudo" in got or "reboot" in got)
+
+
+@pytest.mark.parametrize(("job_uid", "says"), [(1000, "--cap-add SYS_PTRACE"), (0, None)])
+def test_root_without_the_capability_is_told_of_the_capability_not_of_sudo(
+    tmp_path: Path, job_uid: int, says: str | None
+) -> None:
+    # A container's root without CAP_SYS_PTRACE reads its own (root's) processes, not others'.
+    got = read_problem(42, proc=_proc(tmp_path, 0, job_uid), uid=0)
+    if says is None:
+        assert got is None
+    else:
+        assert got is not None and says in got and "CAP_SYS_PTRACE" in got and "sudo" not in got
 
 
 def test_processes_are_named_launcher_training_and_worker() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainmedic.findings.model import Category, Severity
+from trainmedic.findings.model import Category, Finding, Severity, rank_findings
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.incidents import (
     AttemptSummary,
@@ -111,3 +111,18 @@ def test_an_attempt_without_a_stored_finding_still_gets_one() -> None:
     finding = incident_findings([a], 100.0, 150.0)[0]
     assert finding.id == "failure.segfault"
     assert finding.severity is Severity.ERROR
+
+
+def test_the_failure_that_ended_the_job_outranks_slowness_measured_before_it() -> None:
+    # A hung job's steps before the hang were slow (an error at 54 %): the hang that
+    # stopped the job is still what the user must read first.
+    slow = Finding(id="host.python", category=Category.FRAMEWORK_CONFIG,
+                   severity=Severity.ERROR, title="slow loop", impact=0.54)  # fmt: skip
+    last = make_attempt(1, restarted=False, action="hang is not restarted (--max-restarts 0)")
+    (hang,) = incident_findings([last], 100.0, 150.0)
+    assert hang.impact == 1.0
+    assert [f.id for f in rank_findings([slow, hang])] == ["failure.hang", "host.python"]
+    # An attempt that was restarted, the job finishing after it, costs what the restart
+    # summary says: not the whole run.
+    restarted = incident_findings([make_attempt(1), make_attempt(2, "success")], 100.0, 250.0)
+    assert restarted[0].impact is None

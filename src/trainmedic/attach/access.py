@@ -64,6 +64,15 @@ def read_problem(pid: int, proc: str = "/proc", uid: int | None = None) -> str |
     if has_cap_sys_ptrace(proc):
         return None  # root normally; not root in a container started without it
     theirs = owner(pid, proc)
+    if me == 0 and theirs is not None and theirs != me:
+        # Root without the capability (a container started without it, a dropped bounding
+        # set) reads only root's processes; "run as root" would change nothing.
+        return (
+            "attach runs as root but without CAP_SYS_PTRACE, which reading another "
+            "process's memory needs: start the container with --cap-add SYS_PTRACE "
+            "(Kubernetes: securityContext.capabilities.add: [SYS_PTRACE]), or run attach "
+            "on the host"
+        )
     if theirs is not None and theirs != me:
         return (
             f"process {pid} belongs to user {theirs}, not to you ({me}): run attach as "

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmedic.attach.access import read_problem
+from trainmedic.attach.gpus import GpuWatch, GpuWindow
 from trainmedic.attach.spy import DEFAULT_RATE, Sampling, ThreadSamples, record
 from trainmedic.attach.tree import JobTree, find_job
 from trainmedic.errors import InputError
+from trainmedic.gpu.backend import GpuBackend, NoGpuBackend
 from trainmedic.host.schedstat import TaskTimes, read_tasks
 from trainmedic.supervise.procview import ProcSnapshot, fd_target, read_process, socket_peers
 
@@ -61,6 +63,9 @@ class ProcessUse:
     peers: tuple[str, ...] = ()
 
 
+NO_GPUS = GpuWindow("none", "not read")
+
+
 @dataclass(frozen=True)
 class Observation:
     """Everything the window saw.
@@ -69,6 +74,7 @@ class Observation:
         access: why memory could not be read (``None``: it could); the stacks are then empty.
         gone: processes of the job that ended during the window.
         usable_cores: CPUs this machine lets the job use.
+        gpu: the GPUs' readings over the window, and which the job uses.
     """
 
     tree: JobTree
@@ -78,6 +84,7 @@ class Observation:
     access: str | None
     gone: tuple[int, ...]
     usable_cores: int
+    gpu: GpuWindow = NO_GPUS
 
 
 def _delta(a: float | int | None, b: float | int | None) -> float | None:
@@ -133,6 +140,7 @@ def _merged(parts: list[Sampling], seconds: int, rate: int, problem: str | None)
     counts = [p.samples for p in parts if p.samples is not None]
     errors = [p.errors for p in parts if p.errors is not None]
     problems = [p.problem for p in parts if p.problem]
+    cpu = [p.sampler_cpu_s for p in parts if p.sampler_cpu_s is not None]
     return Sampling(
         threads,
         commands,
@@ -141,6 +149,7 @@ def _merged(parts: list[Sampling], seconds: int, rate: int, problem: str | None)
         samples=sum(counts) if counts else None,
         errors=sum(errors) if errors else None,
         problem=problem or (problems[0] if problems and not threads else None),
+        sampler_cpu_s=sum(cpu) if cpu else None,
     )
 
 
@@ -149,11 +158,12 @@ def observe(
     seconds: int,
     workdir: Path,
     rate: int = DEFAULT_RATE,
-    native: bool = False,
     on_progress: Callable[[float], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    gpus: GpuBackend | None = None,
 ) -> Observation:
-    """Watch the job at ``pid`` for ``seconds``; ``on_progress`` gets the seconds elapsed.
+    """Watch the job at ``pid`` for ``seconds``; ``on_progress`` gets the seconds elapsed;
+    ``gpus`` is read throughout (``None``: no GPU readings).
 
     Raises:
         InputError: ``pid`` names no job to attach to (:func:`~trainmedic.attach.tree.find_job`).
@@ -164,6 +174,7 @@ def observe(
         command = " ".join(root.argv[:3]) if root is not None and root.argv else "?"
         raise InputError(f"process {pid} ({command}) runs no Python, and none below it does")
     problem = read_problem(pid)
+    watch = GpuWatch(gpus or NoGpuBackend("not read")).start()
     start = clock()
     before = {p.pid: (read_process(p.pid), read_tasks(p.pid)) for p in tree.processes}
     # One sampler for each training process, following its workers (py-spy follows
@@ -179,9 +190,7 @@ def observe(
         for target in targets:
             out = workdir / f"py-spy-{target}.txt"
             thread = threading.Thread(
-                target=lambda t=target, o=out: results.__setitem__(
-                    t, record(t, seconds, o, rate, native)
-                ),
+                target=lambda t=target, o=out: results.__setitem__(t, record(t, seconds, o, rate)),
                 name="trainmedic-attach-spy",
                 daemon=True,
             )
@@ -197,6 +206,7 @@ def observe(
             break
         time.sleep(0.2)
     span = clock() - start
+    gpu = watch.stop(p.pid for p in tree.processes)
     sampling = _merged(
         list(results.values()),
         seconds,
@@ -213,5 +223,5 @@ def observe(
             continue
         use[p.pid] = _use(p.pid, snap0, snap1, span, tasks0, read_tasks(p.pid))
     return Observation(
-        tree, sampling, use, span, problem, tuple(gone), len(os.sched_getaffinity(0))
+        tree, sampling, use, span, problem, tuple(gone), len(os.sched_getaffinity(0)), gpu
     )

@@ -14,8 +14,10 @@ frames outermost first. :func:`parse_raw` reads it into :class:`ThreadSamples`.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +75,9 @@ class Sampling:
         commands: each process's command line, as py-spy read it.
         samples / errors: py-spy's own counts (``None``: it said nothing).
         problem: why it recorded nothing, one line (``None``: it did).
+        sampler_cpu_s: CPU seconds py-spy itself used (user + system, from the kernel's
+            accounting of the child; ``None``: not run): the most it can have taken from
+            the job's threads.
     """
 
     threads: dict[tuple[int, int], ThreadSamples]
@@ -82,6 +87,28 @@ class Sampling:
     samples: int | None = None
     errors: int | None = None
     problem: str | None = None
+    sampler_cpu_s: float | None = None
+
+
+def dump_native(pid: int, timeout_s: float = 30.0) -> tuple[str | None, str | None]:
+    """Every thread's stack of ``pid``, native frames with Python's (``py-spy dump
+    --native``): ``(text, None)``, or ``(None, why not)``. Reading native frames pauses
+    the process for a few milliseconds (py-spy cannot unwind them without), so it is
+    done only when asked, or for a job that is stuck."""
+    py_spy = find_py_spy()
+    if py_spy is None:
+        return None, "py-spy is not installed"
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", "--native", "--pid", str(pid)],
+            capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"py-spy dump failed: {type(exc).__name__}"
+    if done.returncode != 0:
+        said = " ".join((done.stderr or done.stdout).split())[-200:]
+        return None, f"py-spy dump exited {done.returncode}: {said or 'no message'}"
+    return done.stdout, None
 
 
 def parse_raw(text: str) -> tuple[dict[tuple[int, int], ThreadSamples], dict[int, str]]:
@@ -108,9 +135,7 @@ def parse_raw(text: str) -> tuple[dict[tuple[int, int], ThreadSamples], dict[int
     return threads, commands
 
 
-def record(
-    pid: int, seconds: int, out: Path, rate: int = DEFAULT_RATE, native: bool = False
-) -> Sampling:
+def record(pid: int, seconds: int, out: Path, rate: int = DEFAULT_RATE) -> Sampling:
     """Sample every thread below ``pid`` for ``seconds`` (py-spy writes to ``out``)."""
     py_spy = find_py_spy()
     if py_spy is None:
@@ -119,9 +144,7 @@ def record(
             {},
             seconds,
             rate,
-            problem=(
-                "py-spy is not installed: pip install 'trainmedic[native]' (or pip install py-spy)"
-            ),
+            problem=("py-spy is not installed beside trainmedic nor on PATH: pip install py-spy"),
         )
     argv = [
         py_spy,
@@ -142,20 +165,11 @@ def record(
         "--output",
         str(out),
     ]
-    if native:
-        argv.append("--native")
-    try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=seconds + 60,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    ran = run_measured(argv, out.with_suffix(".log"), seconds + 60)
+    if ran is None:
         return Sampling({}, {}, seconds, rate, problem="py-spy did not finish in time")
-    summary = _SUMMARY.search(done.stdout + done.stderr)
+    code, said, cpu_s = ran
+    summary = _SUMMARY.search(said)
     try:
         text = out.read_text(errors="replace")
     except OSError:
@@ -163,8 +177,8 @@ def record(
     threads, commands = parse_raw(text)
     problem = None
     if not threads:
-        said = " ".join((done.stderr or done.stdout).split())[-300:]
-        problem = f"py-spy recorded no sample (exit {done.returncode}): {said or 'no message'}"
+        tail = " ".join(said.split())[-300:]
+        problem = f"py-spy recorded no sample (exit {code}): {tail or 'no message'}"
     return Sampling(
         threads,
         commands,
@@ -173,4 +187,32 @@ def record(
         samples=int(summary[1]) if summary else None,
         errors=int(summary[2]) if summary else None,
         problem=problem,
+        sampler_cpu_s=cpu_s,
     )
+
+
+def run_measured(argv: list[str], log: Path, timeout_s: float) -> tuple[int, str, float] | None:
+    """Run ``argv`` (its output to ``log``) and reap it with ``wait4``, which gives the
+    child's own CPU time: ``(exit code, output, CPU seconds)``, or ``None`` when it ran
+    past ``timeout_s`` (it is killed)."""
+    with log.open("w+b") as sink:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout_s, kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        # Reaped here, not by Popen: tell it, so that it never waits on the pid again.
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        sink.seek(0)
+        said = sink.read().decode(errors="replace")
+    if killed.is_set():
+        return None
+    return proc.returncode, said, usage.ru_utime + usage.ru_stime

@@ -17,6 +17,7 @@ that process and its descendants; each is named from what ``/proc`` shows:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import psutil
@@ -27,6 +28,12 @@ from trainmedic.supervise.census import is_python
 ROLES = ("training", "worker", "launcher", "python", "other")
 MAX_PROCESSES = 512
 """Processes followed below the PID given: a job with more is cut, and says so."""
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    return {"\n": "\\n", "\t": "\\t"}.get(m[0], f"\\x{ord(m[0]):02x}")
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,8 @@ class JobProcess:
         }[self.role]
         if self.role == "training" and self.rank is not None:
             what = f"rank {self.rank}"
-        command = " ".join(self.argv[:4])[:80] or "?"
+        # One line whatever the arguments hold (``python -c`` code has newlines).
+        command = _CONTROL.sub(_escaped, " ".join(self.argv[:4]))[:80] or "?"
         return f"{what} (pid {self.pid}, {command})"
 
 

@@ -34,6 +34,12 @@ from trainmedic.gpu.types import GpuProcess
 #: below this measured slowdown, contention is reported for information only.
 NO_EFFECT_SHARE = 0.02
 
+RESERVE_CORES = (
+    "Reserve the cores: stop or move the other processes, pin them away from the job "
+    "(taskset -c), or limit them with a container/cgroup (docker run --cpus)."
+)
+"""The fix of CPU contention, wherever it is found."""
+
 
 def gpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
     """Foreign processes on a job GPU for at least ``foreign_gpu_min_share`` of the time."""
@@ -177,10 +183,7 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
     elif others >= th.others_min_cores:
         key, category = "contention.cpu", Category.CONTENTION
         title = f"Other processes use {others:.1f} of the job's {_cores_str(cores)} cores: {lost}"
-        fix = (
-            "Reserve the cores: stop or move the other processes, pin them away from the "
-            "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
-        )
+        fix = RESERVE_CORES
     elif severity is Severity.INFO:
         # Others use next to nothing and the job's own threads fit the cores: a
         # wait this small is the machine's ordinary scheduling (the job's helper
@@ -189,10 +192,7 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
     else:
         key, category = "contention.cpu", Category.CONTENTION
         title = f"Other processes take CPU time the job needs: {lost}"
-        fix = (
-            "Reserve the cores: stop or move the other processes, pin them away from the "
-            "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
-        )
+        fix = RESERVE_CORES
     if (
         cause == "cpu"
         and key in ("cpu.oversubscribed", "contention.cpu")
@@ -275,10 +275,7 @@ def _legacy_cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             severity=severity,
             title=f"Other processes use {others:.1f} of the job's {cores:g} usable cores",
             evidence=ev,
-            fix=(
-                "Reserve the cores: stop or move the other processes, pin them away from the "
-                "job (taskset -c), or limit them with a container/cgroup (docker run --cpus)."
-            ),
+            fix=RESERVE_CORES,
             impact=impact,
             subject="host",
         )

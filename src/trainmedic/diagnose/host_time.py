@@ -38,7 +38,7 @@ class _Kind:
     fix: str
 
 
-_KINDS: dict[str, _Kind] = {
+HOST_KINDS: dict[str, _Kind] = {
     "sleep": _Kind(
         Category.FRAMEWORK_CONFIG,
         "the loop sleeps (time.sleep)",
@@ -125,7 +125,7 @@ def host_time(view: RunView, th: Thresholds) -> list[Finding]:
         verdict = share.versus(th.data_wait_warning_share, outside_share)
         if verdict is False or (verdict is None and part < th.data_wait_warning_share):
             continue
-        kind = _KINDS.get(state, _KINDS["other"])
+        kind = HOST_KINDS.get(state, HOST_KINDS["other"])
         what = kind.what
         ev = dict(base)
         ev.update(share_evidence("outside_", activity, seen, th, "outside_stack_samples"))

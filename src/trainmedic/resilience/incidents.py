@@ -181,7 +181,7 @@ def incident_findings(
     failed = [a for a in attempts if not a.succeeded]
     if not failed:
         return []
-    findings = [_attempt_finding(a) for a in failed]
+    findings = [_attempt_finding(a, ended_the_job=a is attempts[-1]) for a in failed]
     if len(attempts) > 1:
         # One attempt that failed was never restarted: its own finding says why
         # (the policy's action), and "stopped restarting" would only repeat it.
@@ -190,7 +190,10 @@ def incident_findings(
     return findings
 
 
-def _attempt_finding(a: AttemptSummary) -> Finding:
+def _attempt_finding(a: AttemptSummary, ended_the_job: bool = False) -> Finding:
+    """``ended_the_job``: the run's last attempt, which failed: the job never got past it,
+    so its failure costs the rest of the training (impact 1) and outranks any slowness
+    measured before it (the slow steps of a job that then hung are the lesser matter)."""
     if a.finding is not None:
         try:
             base = Finding.from_dict(a.finding)
@@ -224,7 +227,7 @@ def _attempt_finding(a: AttemptSummary) -> Finding:
         title=base.title,
         evidence=evidence,
         fix=base.fix,
-        impact=base.impact,
+        impact=1.0 if ended_the_job and base.impact is None else base.impact,
         subject=subject,
         detail=base.detail,
     )

@@ -1,6 +1,6 @@
 """A training job that knows nothing of trainmedic, for ``trainmedic attach`` to watch.
 
-Arguments: kind (``loader`` | ``compute`` | ``lock``), seconds to train. Prints ``ready``
+Arguments: kind (``loader`` | ``compute`` | ``lock`` | ``held``), seconds to train. Prints ``ready``
 once it trains, ``done STEPS`` at the end (``lock``: ``stuck`` before the second
 acquire).
 
@@ -8,6 +8,7 @@ acquire).
   sample, 8 samples a batch, on a small model: the training thread loads its own batches.
 * ``compute``: batches made once, a model whose step is all forward/backward/optimizer.
 * ``lock``: trains a few steps, then takes a lock it already holds: stuck for good.
+* ``held``: trains a few steps, then waits for a lock a thread of its own took and keeps.
 """
 
 import sys
@@ -28,6 +29,12 @@ class SlowDataset(Dataset):
         while time.perf_counter() < end:
             x += 1
         return torch.randn(32), i % 4
+
+
+def keep(lock, taken):
+    with lock:  # the keeper holds it
+        taken.set()
+        threading.Event().wait()
 
 
 def main():
@@ -56,6 +63,13 @@ def main():
             lock.acquire()
             print("stuck", flush=True)
             lock.acquire()  # never returns
+        if kind == "held" and steps == 10:
+            taken = threading.Event()
+            threading.Thread(target=keep, args=(lock, taken), name="keeper", daemon=True).start()
+            taken.wait()
+            print("stuck", flush=True)
+            with lock:  # never entered
+                pass
     print(f"done {steps}", flush=True)
 
 
