@@ -35,6 +35,22 @@ def test_raw_lines_become_each_threads_stacks_innermost_first() -> None:
     assert commands == {12: "python /t/train.py --lr 0.1", 13: "python -c x"}
 
 
+def test_a_childs_samples_belong_to_the_child_not_to_its_parent() -> None:
+    # py-spy --subprocesses names a DataLoader worker's samples by its chain of processes,
+    # the parent first: they are the worker's, or its reads look like the loop's own.
+    text = (
+        'process 7:"python train.py";process 8:"python train.py";thread (8): MainThread;'
+        "_worker_loop (/torch/utils/data/_utils/worker.py:300);read (/t/data.py:5) 40\n"
+        'process 7:"python train.py";thread (7): MainThread;main (/t/train.py:9) 60\n'
+        'process 1:"bash -c \"a;b\"";process 7:"python a;b";process 9:"x";'
+        "thread (9): T;f (/x.py:1) 2\n"
+    )
+    threads, commands = parse_raw(text)
+    assert sorted(threads) == [(7, 7), (8, 8), (9, 9)]
+    assert threads[(8, 8)].total == 40 and threads[(7, 7)].total == 60
+    assert commands == {7: "python train.py", 8: "python train.py", 9: "x"}
+
+
 @pytest.mark.parametrize(
     ("files", "part"),
     [

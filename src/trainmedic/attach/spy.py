@@ -25,7 +25,10 @@ from trainmedic.supervise.forensics import find_py_spy
 
 DEFAULT_RATE = 50
 """Samples a second per thread: 1,500 in the default 30 s, a share known to ±2.5 %."""
-_LINE = re.compile(r'^process (\d+):"(.*?)";thread \((\d+)\)(?:: ([^;]*))?;?(.*) (\d+)$')
+_LINE = re.compile(r'^((?:process \d+:".*?";)+)thread \((\d+)\)(?:: ([^;]*))?;?(.*) (\d+)$')
+_PROCESS = re.compile(r'process (\d+):"(.*?)";(?=process \d+:"|$)')
+"""One process of a line's chain: with ``--subprocesses`` py-spy names a child's samples
+``process PARENT:"...";process CHILD:"...";thread (...)``, the sampled process last."""
 _FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
 _SUMMARY = re.compile(r"Samples: (\d+) Errors: (\d+)")
 
@@ -119,10 +122,13 @@ def parse_raw(text: str) -> tuple[dict[tuple[int, int], ThreadSamples], dict[int
         m = _LINE.match(line.strip())
         if not m:
             continue
-        pid, tid, count = int(m[1]), int(m[3]), int(m[6])
-        commands[pid] = m[2]
+        chain = _PROCESS.findall(m[1])
+        if not chain:
+            continue
+        pid, tid, count = int(chain[-1][0]), int(m[2]), int(m[5])
+        commands[pid] = chain[-1][1]
         frames: list[Frame] = []
-        for part in m[5].split(";") if m[5] else ():
+        for part in m[4].split(";") if m[4] else ():
             f = _FRAME.match(part)
             if f:
                 frames.append(Frame(f[1], f[2], int(f[3]) if f[3] else None))
@@ -130,7 +136,7 @@ def parse_raw(text: str) -> tuple[dict[tuple[int, int], ThreadSamples], dict[int
                 frames.append(Frame(part, ""))
         stack = tuple(reversed(frames))
         key = (pid, tid)
-        thread = threads.setdefault(key, ThreadSamples(pid, tid, (m[4] or "").strip()))
+        thread = threads.setdefault(key, ThreadSamples(pid, tid, (m[3] or "").strip()))
         thread.stacks[stack] = thread.stacks.get(stack, 0) + count
     return threads, commands
 
