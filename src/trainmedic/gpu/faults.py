@@ -511,6 +511,64 @@ _OOM_UNALLOCATED_RE = re.compile(rf"{_SIZE} is reserved by PyTorch but unallocat
 _OOM_ALLOCATED_RE = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch")
 
 
+TF_OOM_RE = re.compile(
+    r"OOM when allocating tensor with shape ?\[([\d, ]*)\] and type (\w+)"
+    r"(?: on (?:\S*device:)?(GPU|CPU):(\d+))?"
+)
+"""TensorFlow's out-of-memory error (``ResourceExhaustedError``): the tensor it could not
+allocate, and on which device (absent in some versions' texts)."""
+XLA_OOM_RE = re.compile(r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate (\d+) bytes")
+"""XLA's (TensorFlow with ``jit_compile``, JAX): the device is a GPU where this tool runs."""
+_TF_DTYPE_BYTES = {
+    "bool": 1, "int8": 1, "uint8": 1, "qint8": 1, "quint8": 1,
+    "half": 2, "bfloat16": 2, "int16": 2, "uint16": 2,
+    "float": 4, "int32": 4, "uint32": 4, "qint32": 4,
+    "double": 8, "int64": 8, "uint64": 8, "complex64": 8, "complex128": 16,
+}  # fmt: skip
+_BFC_RE = re.compile(rf"Allocator \((GPU_(\d+)_bfc)\) ran out of memory trying to allocate {_SIZE}")
+
+
+def parse_tf_oom(text: str) -> dict[str, Any] | None:
+    """TensorFlow's (or XLA's) out-of-memory error in ``text``: ``framework``, ``device``
+    (``GPU``/``CPU``, ``None`` unsaid), ``cuda_device``, ``tensor_shape``, ``dtype`` and
+    ``requested_bytes`` where the text gives them; ``None`` when it reports none.
+
+    TensorFlow's allocator warns "ran out of memory ... this is not a failure" while it
+    still has ways to go on: only the error itself counts, and the allocator's line
+    before it only adds the size (its device numbering is the process's, like torch's)."""
+    if m := TF_OOM_RE.search(text):
+        dims = [int(d) for d in m[1].replace(" ", "").split(",") if d]
+        out: dict[str, Any] = {
+            "framework": "tensorflow",
+            "tensor_shape": dims,
+            "dtype": m[2],
+            "device": m[3],
+        }
+        if m[3] is not None:
+            out["cuda_device" if m[3] == "GPU" else "cpu_device"] = int(m[4])
+        width = _TF_DTYPE_BYTES.get(m[2])
+        if width is not None:
+            n = 1
+            for d in dims:
+                n *= d
+            out["requested_bytes"] = n * width
+        if out["device"] is None and "GPU_" in text and "_bfc" in text:
+            out["device"] = "GPU"  # "by allocator GPU_0_bfc" said it after all
+        return out
+    if m := XLA_OOM_RE.search(text):
+        return {"framework": "xla", "device": "GPU", "requested_bytes": int(m[1])}
+    return None
+
+
+def parse_bfc_oom(text: str) -> dict[str, Any]:
+    """The size in TensorFlow's allocator line (``Allocator (GPU_0_bfc) ran out of memory
+    trying to allocate 4.00GiB``), bytes, and its process-local GPU."""
+    m = _BFC_RE.search(text)
+    if m is None:
+        return {}
+    return {"requested_bytes": _bytes(m[3], m[4]), "cuda_device": int(m[2])}
+
+
 def is_cuda_oom(text: str) -> bool:
     """Whether ``text`` reports a GPU out-of-memory error."""
     return CUDA_OOM_RE.search(text) is not None

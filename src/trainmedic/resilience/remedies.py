@@ -8,7 +8,7 @@ remedies escalate by themselves (a micro-batch divisor of 2 becomes 4):
 - ``CUDA_OOM``: ``micro_batch`` (``TRAINMEDIC_MICRO_BATCH_DIVISOR`` ×2, up to
   16, and ``TRAINMEDIC_GRAD_ACCUM`` to match) and ``expandable_segments``
   (merged into ``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_ALLOC_CONF`` when the
-  job uses that newer name).
+  job uses that newer name; not for TensorFlow's or XLA's out-of-memory errors).
 - DataLoader worker death from shared memory, a killed worker, host OOM:
   ``fewer_workers`` (``TRAINMEDIC_MAX_NUM_WORKERS`` halved).
 - DataLoader file-descriptor exhaustion: ``file_system_sharing``
@@ -101,7 +101,10 @@ def plan_remedies(
     fc = c.failure_class
     out: list[Remedy | None] = []
     if fc is FailureClass.CUDA_OOM:
-        out += [_micro_batch(c, env), _expandable_segments(c, env, torch_version)]
+        out.append(_micro_batch(c, env))
+        if c.details.get("framework") not in ("tensorflow", "xla"):
+            # torch's allocator setting: TensorFlow's allocator never reads it.
+            out.append(_expandable_segments(c, env, torch_version))
     elif fc is FailureClass.DATALOADER_WORKER_DIED:
         cause = c.details.get("cause")
         if cause == "fd_limit":

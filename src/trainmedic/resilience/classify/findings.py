@@ -99,8 +99,29 @@ _NOT_HERE = (
 )
 
 
+TENSORFLOW_FIXES: dict[FailureClass, str] = {
+    FailureClass.CUDA_OOM: (
+        "Lower the batch size (trainmedic sets TRAINMEDIC_MICRO_BATCH_DIVISOR on a restart; "
+        "read it with trainmedic.micro_batch_plan(batch_size)) or use the mixed_float16 "
+        "policy (keras.mixed_precision.set_global_policy('mixed_float16')). TensorFlow "
+        "takes all of a GPU's memory at start by default: where other processes share the "
+        "GPU, set TF_FORCE_GPU_ALLOW_GROWTH=true (or "
+        "tf.config.experimental.set_memory_growth) so that each takes what it uses."
+    ),
+    FailureClass.HOST_ALLOC_FAILURE: (
+        "Host memory ran short: keep tf.data's buffers small (shuffle(buffer_size), "
+        "prefetch(tf.data.AUTOTUNE) rather than a large fixed count), cache to a file "
+        "(dataset.cache(filename)) rather than to memory, or run where more memory is "
+        "available."
+    ),
+}
+"""Fixes for TensorFlow's (and XLA's) failures where they differ from torch's."""
+
+
 def _fix(c: Classification) -> str:
     d = c.details
+    if d.get("framework") in ("tensorflow", "xla") and c.failure_class in TENSORFLOW_FIXES:
+        return TENSORFLOW_FIXES[c.failure_class]
     if c.failure_class is FailureClass.HANG and d.get("source"):
         return (
             f"The job waited on {d['source']} and nothing arrived: check that the data "

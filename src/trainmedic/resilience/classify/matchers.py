@@ -79,6 +79,8 @@ def specific_from_lines(
                 context(lines, i),
                 location=last_frame(lines[:i]),
             )
+        if (tf := faults.parse_tf_oom(line)) is not None:
+            return _tf_oom(base, lines, i, evidence, tf)
         if faults.CUDA_OOM_RE.search(line):
             return _cuda_oom(base, lines, i, evidence)
         if COLLECTIVE_RE.search(line):
@@ -105,6 +107,28 @@ def specific_from_lines(
     return None
 
 
+def _on_gpu(details: dict[str, Any], evidence: FailureEvidence) -> tuple[str, GpuRef | None]:
+    """Where ``details["cuda_device"]`` (the process's CUDA ordinal, as torch and
+    TensorFlow number it) is in NVML's numbering: words, and the GPU when known."""
+    device = details["cuda_device"]
+    env = {
+        k: v
+        for k, v in (
+            ("CUDA_VISIBLE_DEVICES", evidence.visible_devices),
+            ("CUDA_DEVICE_ORDER", evidence.device_order),
+        )
+        if v is not None
+    }
+    found = nvml_gpu_for_cuda_device(device, env, evidence.gpus)
+    if found is None:
+        return f"CUDA device {device}", None
+    details["gpu_index"] = found.index
+    where = f"GPU {found.index}"
+    if device != found.index:
+        where += f" (CUDA device {device})"
+    return where, found.ref
+
+
 def _cuda_oom(
     base: Base, lines: Sequence[str], i: int, evidence: FailureEvidence
 ) -> Classification:
@@ -112,24 +136,7 @@ def _cuda_oom(
     why = "CUDA ran out of memory"
     gpu: GpuRef | None = None
     if "requested_bytes" in details:
-        # torch names the process's CUDA device; NVML and nvidia-smi number GPUs otherwise.
-        device = details["cuda_device"]
-        env = {
-            k: v
-            for k, v in (
-                ("CUDA_VISIBLE_DEVICES", evidence.visible_devices),
-                ("CUDA_DEVICE_ORDER", evidence.device_order),
-            )
-            if v is not None
-        }
-        found = nvml_gpu_for_cuda_device(device, env, evidence.gpus)
-        where = f"CUDA device {device}"
-        if found is not None:
-            gpu = found.ref
-            details["gpu_index"] = found.index
-            where = f"GPU {found.index}"
-            if device != found.index:
-                where += f" (CUDA device {device})"
+        where, gpu = _on_gpu(details, evidence)
         why += (
             f" allocating {human(details['requested_bytes'])} on {where} "
             f"with {human(details['free_bytes'])} free of {human(details['total_bytes'])}"
@@ -140,6 +147,60 @@ def _cuda_oom(
         "high",
         why,
         context(lines, i, 0),
+        location=last_frame(lines[:i]),
+        details=details,
+        gpu=gpu,
+    )
+
+
+def _tf_oom(
+    base: Base,
+    lines: Sequence[str],
+    i: int,
+    evidence: FailureEvidence,
+    details: dict[str, Any],
+) -> Classification:
+    """TensorFlow's (or XLA's) out-of-memory error: on a GPU, or the host's allocator."""
+    text = " ".join(lines[i : i + 2])
+    device = details.get("device")
+    if device is None:
+        # Older texts name no device: the CPU allocator says so; otherwise, where the
+        # machine has GPUs, TensorFlow places tensors on them.
+        device = "CPU" if "allocator cpu" in text.lower() or not evidence.gpus else "GPU"
+        details["device"] = device
+    if device == "GPU" and "cuda_device" not in details:
+        # The allocator's warning before the error names the GPU and the size it wanted.
+        for earlier in reversed(lines[max(0, i - 40) : i]):
+            if bfc := faults.parse_bfc_oom(earlier):
+                details.setdefault("requested_bytes", bfc["requested_bytes"])
+                details["cuda_device"] = bfc["cuda_device"]
+                break
+    what = ""
+    if "tensor_shape" in details:
+        shape = "x".join(str(d) for d in details["tensor_shape"])
+        what = f" (a {details['dtype']} tensor of shape [{shape}])"
+    size = f" {human(details['requested_bytes'])}" if "requested_bytes" in details else ""
+    if device == "CPU":
+        return base.make(
+            FailureClass.HOST_ALLOC_FAILURE,
+            Category.TIMEOUT,
+            "high",
+            f"TensorFlow ran out of host (CPU) memory allocating{size}{what}",
+            context(lines, i, 1),
+            location=last_frame(lines[:i]),
+            details=details,
+        )
+    gpu: GpuRef | None = None
+    where = "a GPU"
+    if "cuda_device" in details:
+        where, gpu = _on_gpu(details, evidence)
+    name = "XLA" if details["framework"] == "xla" else "TensorFlow"
+    return base.make(
+        FailureClass.CUDA_OOM,
+        Category.GPU_MEMORY,
+        "high",
+        f"{name} ran out of GPU memory allocating{size}{what} on {where}",
+        context(lines, i, 1),
         location=last_frame(lines[:i]),
         details=details,
         gpu=gpu,
@@ -157,6 +218,8 @@ def _collective_timeout(base: Base, lines: Sequence[str], i: int) -> Classificat
         details.update(timeout_ms=int(m[1]), op_type=m[2], backend="gloo")
     if m := RANK_RE.search(text):
         details["rank"] = int(m[1])
+    if "Collective has timed out" in text:
+        details["backend"] = "tensorflow"
     if "DistStoreError" in text or "waiting for clients" in text:
         details["stage"] = "rendezvous"
     what = details.get("op_type", "a collective operation")

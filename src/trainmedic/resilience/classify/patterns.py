@@ -20,6 +20,8 @@ COLLECTIVE_RE = re.compile(
     r"|[Hh]eartbeat monitor timed out"
     r"|DistStoreError: .*[Tt]imed out"
     r"|Timed out after \d+ seconds waiting for clients"
+    # TensorFlow's collectives (MirroredStrategy, MultiWorkerMirroredStrategy)
+    r"|Collective has timed out (?:during execution|waiting for other workers)"
 )
 NCCL_WORK_RE = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
 NCCL_TIMEOUT_MS_RE = re.compile(r"Timeout\(ms\)=(\d+)")
@@ -52,25 +54,43 @@ CUDA_ERROR_RE = re.compile(
     r"|(CUBLAS_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR)"
     r"|NCCL error.*(unhandled cuda error)"
     r"|(CUDA driver version is insufficient)"
+    # TensorFlow's (StreamExecutor names the driver's codes; a missing device or a failed
+    # preallocation it recovers from are not failures)
+    r"|(CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ECC_UNCORRECTABLE|ILLEGAL_INSTRUCTION"
+    r"|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|LAUNCH_TIMEOUT))"
+    r"|(Blas x?GEMM launch failed)|(cuDNN failed to initialize)"
+    r"|(DNN library (?:is not found|initialization failed))"
 )
 DEVICE_ASSERT_RE = re.compile(r"device-side assert triggered|Assertion `.*` failed")
 DRIVER_MISMATCH = (
     "no kernel image is available",
     "driver version is insufficient",
     "invalid device function",
+    "dnn library is not found",
 )
 CONTENTION = ("busy or unavailable",)
-HARDWARE_TEXT = ("uncorrectable ECC", "ECC error", "fallen off the bus", "unrecoverable")
+HARDWARE_TEXT = (
+    "uncorrectable ECC",
+    "ECC error",
+    "ECC_UNCORRECTABLE",
+    "fallen off the bus",
+    "unrecoverable",
+)
 
 KERNEL_OOM_RE = re.compile(
     r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+)|oom-kill:.*task_memcg"
 )
 KERNEL_OOM_PID_RE = re.compile(r"Killed process (\d+)|oom-kill:.*,pid=(\d+)")
 
-COMM_ERROR_TYPE_RE = re.compile(r"(?:^|\.)Dist(?:Backend|Network|Store)?Error$")
+COMM_ERROR_TYPE_RE = re.compile(
+    r"(?:^|\.)Dist(?:Backend|Network|Store)?Error$"
+    # TensorFlow's: a worker or parameter server that went away, a collective aborted
+    r"|(?:^|\.)errors_impl\.(?:Unavailable|Aborted)Error$|^(?:tf\.errors\.)?UnavailableError$"
+)
 COMM_ERROR_RE = re.compile(
     r"Connection (?:reset|closed) by peer|NCCL error|remote process exited"
     r"|network error|Broken pipe|ProcessGroup\w* is (?:aborted|shut ?down)"
+    r"|Collective ops is aborted by|NCCL failure"
 )
 TORCHRUN_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 TRACEBACK_START = "Traceback (most recent call last):"
