@@ -103,6 +103,8 @@ def loader_apply(view: RunView, th: Thresholds, cause: InputCause) -> dict[str, 
     time when it could be). Threads are applied by wrapping the script's
     map-style dataset so that a batch's samples are fetched concurrently
     (:class:`~trainmedic.remedies.threaded.ThreadedFetch`)."""
+    if any(lo.dataset_type == "tf.data" for lo in view.train_loaders):
+        return None  # a tf.data pipeline's settings are in the script: the fix says which
     workers = view.num_workers
     wanted = cause.evidence.get("recommended_num_workers")
     n = int(wanted) if isinstance(wanted, (int, float)) else recommended_workers(view, th)

@@ -277,7 +277,14 @@ INPUT_RULES: tuple[InputRule, ...] = (
 
 
 def input_cause(view: RunView, th: Thresholds) -> InputCause:
-    """The cause of the wait for data: the first rule of :data:`INPUT_RULES` that holds."""
+    """The cause of the wait for data: a ``tf.data`` pipeline's
+    (:mod:`~trainmedic.diagnose.tfdata_causes`), else the first rule of
+    :data:`INPUT_RULES` that holds."""
+    from trainmedic.diagnose.tfdata_causes import tfdata_cause
+
+    tfdata = tfdata_cause(view, th)
+    if tfdata is not None:
+        return tfdata
     has_loader = bool(view.train_loaders)
     workers = view.num_workers if has_loader else 0
     n = recommended_workers(view, th)

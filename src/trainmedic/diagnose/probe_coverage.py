@@ -24,10 +24,57 @@ def probe_coverage(view: RunView, th: Thresholds) -> list[Finding]:
 
 
 def probe_degraded(events: Iterable[RunEvent]) -> list[Finding]:
-    """One finding for all ``probe_degraded`` events (none without them)."""
+    """One finding for all ``probe_degraded`` events (none without them): torch's, and
+    Keras's (:mod:`trainmedic.probe.keras_hooks`) in one of their own."""
     seen = [e for e in events if e.kind == "probe_degraded"]
+    keras = [e for e in seen if e.data.get("framework") == "keras"]
+    seen = [e for e in seen if e.data.get("framework") != "keras"]
+    found = _keras_degraded(keras) if keras else []
     if not seen:
-        return []
+        return found
+    return found + _torch_degraded(seen)
+
+
+def _keras_degraded(seen: list[RunEvent]) -> list[Finding]:
+    versions = sorted({str(e.data.get("keras")) for e in seen})
+    lost: list[str] = []
+    apis: list[str] = []
+    for e in seen:
+        for item in e.data.get("lost") or ():
+            if str(item) not in lost:
+                lost.append(str(item))
+        for gap in e.data.get("missing") or ():
+            if isinstance(gap, Mapping) and str(gap.get("api")) not in apis:
+                apis.append(str(gap.get("api")))
+    multi = "data wait" in lost and not apis
+    fix = (
+        "Keras runs several steps per call (steps_per_execution): set it to 1 while "
+        "diagnosing to measure each step's wait for data."
+        if multi
+        else "Use Keras 3 on TensorFlow 2.16 or newer (where the probe finds every hook) to "
+        "measure everything; the rest of the diagnosis stands."
+    )
+    return [
+        Finding(
+            id="probe.degraded",
+            category=Category.FRAMEWORK_CONFIG,
+            severity=Severity.INFO,
+            title=f"The probe measured less with Keras {', '.join(versions)}: not measured: "
+            + ", ".join(lost),
+            evidence={
+                "keras": versions,
+                "missing_apis": apis,
+                "not_measured": lost,
+                "processes": sorted({e.pid for e in seen if e.pid is not None}),
+            },
+            fix=fix,
+            impact=None,
+            subject="probe",
+        )
+    ]
+
+
+def _torch_degraded(seen: list[RunEvent]) -> list[Finding]:
     first = seen[0].data
     versions = sorted({str(e.data.get("torch")) for e in seen})
     missing: dict[str, Mapping[str, Any]] = {}

@@ -26,6 +26,7 @@ PART_NAMES = (
     "heartbeat",  # liveness messages with the main thread's frames
     "exceptions",  # sys.excepthook chain and error files
     "forensics",  # stacks on demand when the supervisor declares a hang
+    "keras",  # Keras and TensorFlow: fit's steps and phases, tf.data wait (probe.keras_hooks)
 )
 
 

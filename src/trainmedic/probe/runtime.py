@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.forensics import StackDumps
+    from trainmedic.probe.keras_hooks import KerasSteps, Pipelines
     from trainmedic.probe.profile_window import ProfileWindow
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam
@@ -112,6 +113,8 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.cuda: Any = None
         self.profile_window: ProfileWindow | None = None
         self.torch: ModuleType | None = None
+        self.keras: KerasSteps | None = None
+        self.tf_pipelines: Pipelines | None = None
         self.restore: list[Callable[[], None]] = []
         # Messages, and finished steps as (draft, timing, alloc) to build records from.
         self.outbox: deque[ProbeMessage | StepDraft | tuple[StepDraft, Any, Any]] = deque()
@@ -149,6 +152,8 @@ class Probe(ProbeAgent, ProbeIncidents):
         atexit.register(self.at_exit)
         self._ensure_agent()
         when_imported("torch", self._on_torch)
+        when_imported("tensorflow", self._on_tensorflow)
+        when_imported("keras", self._on_keras)
 
     def _ensure_agent(self) -> None:
         if self._agent is not None:
@@ -267,6 +272,26 @@ class Probe(ProbeAgent, ProbeIncidents):
             self._install_torch(torch)
         except Exception as exc:
             self.parts["steps"].fail(exc)
+
+    def _on_tensorflow(self, tf: ModuleType) -> None:
+        try:
+            from trainmedic.probe import keras_hooks
+
+            keras_hooks.install_tensorflow(tf, self)
+        except Exception as exc:
+            self.parts["keras"].fail(exc)
+
+    def _on_keras(self, keras: ModuleType) -> None:
+        try:
+            from trainmedic.probe import keras_hooks
+
+            keras_hooks.install(keras, self)
+        except Exception as exc:
+            self.parts["keras"].fail(exc)
+
+    def ensure_tracker(self) -> StepTracker:
+        """The step tracker, made on first use (torch's, Keras's and the API's alike)."""
+        return self._ensure_tracker()
 
     def _ensure_tracker(self) -> StepTracker:
         if self.tracker is None:
