@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from support.processes import kill_tree
 from trainmedic.attach.access import read_problem
 from trainmedic.supervise.forensics import find_py_spy
 
@@ -223,8 +224,7 @@ def test_under_torchrun_the_agent_leads_to_the_rank_the_others_wait_for(tmp_path
         silences = {p.get("rank"): p["silence"] for p in hang["evidence"]["processes"]}
         assert silences == {0: "peer_wait", 1: "blocked"}
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_tree(proc)
 
 
 def _without_ptrace() -> list[str] | None:

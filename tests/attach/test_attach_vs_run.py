@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from tests.e2e.corpus import BY_NAME, Env, burners, judge
 
+from support.processes import kill_tree
 from trainmedic.attach.access import read_problem
 from trainmedic.supervise.forensics import find_py_spy
 
@@ -205,7 +206,7 @@ def _plain(argv: list[str], tmp: Path) -> Iterator[subprocess.Popen[str]]:
             yield proc
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc)  # torchrun's ranks too, in sessions of their own
             proc.wait(10)
             if proc.stdout is not None:
                 proc.stdout.close()

@@ -11,8 +11,9 @@ import sys
 from typing import Any
 
 import pytest
+from tests.tf.installed import installed, needs
 
-pytest.importorskip("keras")
+pytestmark = needs("tensorflow", "keras")
 
 CHILD = r'''
 import json, os, sys
@@ -58,7 +59,6 @@ def _child(mode: str, **env: str) -> dict[str, Any]:
 
 
 def test_fit_gives_a_step_per_batch_each_with_its_wait_for_data() -> None:
-    pytest.importorskip("tensorflow")
     r = _child("full")
     assert r["part_error"] is None
     assert r["steps"] == [["train", "api"]] * 6  # 3 batches x 2 epochs
@@ -71,7 +71,6 @@ def test_fit_gives_a_step_per_batch_each_with_its_wait_for_data() -> None:
 
 
 def test_a_class_keras_lacks_is_named_and_the_rest_still_measured() -> None:
-    pytest.importorskip("tensorflow")
     r = _child("no-backup")
     (degraded,) = [e for e in r["events"] if e[0] == "probe_degraded"]
     _, message, data = degraded
@@ -83,7 +82,8 @@ def test_a_class_keras_lacks_is_named_and_the_rest_still_measured() -> None:
 
 
 def test_keras_on_another_backend_never_loads_tensorflow() -> None:
-    pytest.importorskip("torch")
+    if not installed("torch"):
+        pytest.skip("torch is not installed")
     r = _child("torch-backend", KERAS_BACKEND="torch")
     assert r["backend"] == "torch"
     assert r["tensorflow_loaded"] is False

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tf.installed import needs
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("keras")
+pytestmark = needs("tensorflow", "keras")
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_keras.py"
 
@@ -49,7 +49,7 @@ def test_a_serial_map_is_named_with_the_setting_to_change(tmp_path: Path) -> Non
     train = [s for s in r["steps"] if s.get("ph", "train") == "train"]
     assert len(train) == 150 and all(s["src"] == "api" for s in train)
     # The wait for the pipeline is measured: most of each step.
-    assert sum(s["w"] for s in train[10:]) / sum(s["d"] for s in train[10:]) > 0.3
+    assert sum(s.get("w", 0.0) for s in train[10:]) / sum(s["d"] for s in train[10:]) > 0.3
     (f,) = _input(r["findings"])
     assert f["id"] == "input.workers" and f["severity"] in ("warning", "error")
     assert "num_parallel_calls=tf.data.AUTOTUNE" in f["fix"]
@@ -80,8 +80,9 @@ def test_a_custom_gradient_tape_loop_has_steps_compute_and_data_wait(tmp_path: P
     # the model's call, the tape's gradient and the optimizer.
     assert len(train) == 80 and all("src" not in s or s["src"] == "optimizer" for s in train)
     steady = train[5:]
-    assert all(s["w"] > 0 for s in steady) and all(s["c"] > 0 for s in steady)
-    assert sum(s["w"] + s["c"] for s in steady) / sum(s["d"] for s in steady) > 0.8
+    assert all(s.get("w", 0.0) > 0 for s in steady) and all(s.get("c", 0.0) > 0 for s in steady)
+    measured = sum(s.get("w", 0.0) + s.get("c", 0.0) for s in steady)
+    assert measured / sum(s["d"] for s in steady) > 0.8
     pipelines = [e for e in r["events"] if e["kind"] == "tfdata_pipeline"]
     assert pipelines and pipelines[0]["data"]["serial_maps"] == 1
 

@@ -10,8 +10,9 @@ import sys
 from typing import Any
 
 import pytest
+from tests.tf.installed import needs
 
-pytest.importorskip("tensorflow")
+pytestmark = needs("tensorflow")
 
 PIPELINES = r'''
 import json, os

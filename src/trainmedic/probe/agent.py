@@ -52,6 +52,29 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def job_rank() -> int | None:
+    """This process's rank: ``RANK`` (torchrun, Slurm wrappers), else its place in
+    TensorFlow's ``TF_CONFIG`` cluster (MultiWorkerMirroredStrategy: the chief first,
+    then the workers in order; a parameter server or an evaluator has none)."""
+    rank = _env_int("RANK")
+    if rank is not None or "TF_CONFIG" not in os.environ:
+        return rank
+    import json  # only for jobs that set TF_CONFIG
+
+    try:
+        config = json.loads(os.environ["TF_CONFIG"])
+        cluster, task = config.get("cluster") or {}, config.get("task") or {}
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    chiefs = len(cluster.get("chief") or ()) if isinstance(cluster, dict) else 0
+    if kind == "chief":
+        return index
+    if kind == "worker":
+        return chiefs + index
+    return None
+
+
 def _short_name(filename: str) -> str:
     parts = filename.replace("\\", "/").rsplit("/", 2)
     return "/".join(parts[-2:])

@@ -7,25 +7,24 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
   from the ``tf.data`` iterator *inside* the graph, so no Python call brackets the
   wait for data. The callbacks' ``on_train_batch_begin``/``on_train_batch_end``
   (:class:`CallbackList`, wrapped once for every model) bracket the step; the wait
-  is measured by one stage added at the tail of the job's input pipeline
-  (:class:`ReadyStamp`, through every data adapter's ``get_tf_dataset``): a map
-  with no parallelism, which runs when the step asks for its batch and writes
-  when the batch left the pipeline (``tf.timestamp()``) into a variable read at
-  the step's end. The step's wait for data is from its begin to that moment,
-  its compute the rest. With ``steps_per_execution`` above 1 a call runs several
-  steps and the stamp tells only the last batch: the steps are counted, the wait
-  is not measured (``probe_degraded`` says so).
+  is measured inside the compiled step, around the iterator's ``get_next`` that
+  Keras traces into it (:class:`ReadyStamp`), and read at the step's end; the
+  step's compute is the rest. Each pipeline fit trains from is described once
+  (``get_tf_dataset`` of every data adapter, :class:`Pipelines`). With
+  ``steps_per_execution`` above 1 a call runs several steps: they are counted,
+  their wait is not measured (``probe_degraded`` says so).
 * **Phases**: ``evaluate`` (and ``fit``'s validation) is the ``eval`` phase,
   ``predict`` the ``predict`` phase, and ``ModelCheckpoint``'s and
   ``BackupAndRestore``'s saves the ``checkpoint`` phase: their time leaves the
   train step around them.
 * **Custom loops** (``tf.GradientTape`` and ``optimizer.apply_gradients`` run
   eagerly): the ``tf.data`` iterator's ``__next__`` is the wait for data, the
-  optimizer's ``apply`` the step's end. Inside ``fit`` the callbacks mark the
+  model's outermost call and the tape's ``gradient`` are compute, the
+  optimizer's ``apply`` ends the step. Inside ``fit`` the callbacks mark the
   steps instead.
 
-Every hook runs on the training thread and does a few stores and, at a step's
-end, one read of the stamp's variable (a few microseconds on the host); a hook
+Every hook runs on the training thread and does a few stores and, at some steps'
+ends, one read of the stamp's variable (about 40 us: :data:`READ_EVERY_S`); a hook
 that fails switches the ``keras`` probe part off, never the job.
 """
 
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -85,63 +83,88 @@ def _resolve(path: str) -> Any:
     return None
 
 
+READ_EVERY_S = 0.004
+"""Steps at least this long (seconds) read the stamps at their end: one read costs about
+40 us on a CPU, 1 % of such a step."""
+READ_EVERY_STEPS = 8
+"""Shorter steps read them every this many steps; the steps between get the mean wait
+of the steps the read covers."""
+
+
 class ReadyStamp:
-    """When the step asked for its batch and when the batch left the job's input
-    pipeline (wall seconds, ``tf.timestamp()``), from two variables set by stages added
-    at the pipeline's tail, read at the step's end.
+    """How long fit's steps waited for their batch, as the compiled step itself measures
+    it: totals in one variable, read at a step's end.
 
-    The tail is ``zip(ticks, pipeline).map(stamp)``: ``zip`` asks the ticks first (a
-    map with no parallelism, so it runs the moment the batch is asked for), then the
-    pipeline, and ``stamp`` writes both times. TensorFlow may put a prefetch after the
-    tail (its own optimisations, a distribution strategy's): the ask is then the
-    prefetch's, ahead of the step, and the step waited only from its own begin. So the
-    step's wait is from the later of its begin and the ask, to the batch's arrival;
-    such a prefetch may also stamp a batch ahead of the step that takes it, and a step
-    that finds no new stamp had its batch ready and waited nothing.
+    Keras traces its step function once; the iterator's ``get_next`` is called while it
+    traces (:func:`_install_get_next` wraps it). There the wrapper adds, around the
+    graph's own ``get_next``, a ``tf.timestamp()`` before it, one after the batch (with
+    a control dependency on the batch), and adds their difference and one step to the
+    variable's totals. They run inside the step's graph at every step: a few
+    microseconds, no Python, no change to the pipeline or its elements.
 
-    The variables are made at the first pipeline, not at import: making them starts
+    Reading the variable costs about 40 us; a step that long or longer than
+    :data:`READ_EVERY_S` reads it, shorter ones every :data:`READ_EVERY_STEPS` steps. A
+    read gives the wait of the steps since the last one (exact for one step).
+
+    The variable is made at the first trace, not at import: making it starts
     TensorFlow's runtime, after which the job could no longer set its GPU options.
     """
 
     def __init__(self, tf: Any) -> None:
         self._tf = tf
         self._var: Any = None
-        self.last = 0.0
-        """The arrival last read (wall seconds): a step whose stamp did not move took no
-        batch through a stamped pipeline."""
+        self._last = (0.0, 0.0)
+        self.mean_wait: float | None = None
+        """The mean wait a step (seconds) of the steps the last read covered."""
+        self.depth = threading.local()
 
     def _variable(self) -> Any:
-        """``[asked, ready]``, one variable: one read a step."""
+        """``[total wait (s), steps]``."""
         if self._var is None:
             tf = self._tf
             with tf.init_scope(), tf.device("/CPU:0"):
                 self._var = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
-                                        name="trainmedic_batch_times")  # fmt: skip
+                                        name="trainmedic_batch_wait")  # fmt: skip
         return self._var
 
-    def wrap(self, dataset: Any) -> Any:
-        """``dataset`` with the stamping stages at its tail (elements unchanged)."""
+    def around(self, get_next: Callable[[], Any], failed: Callable[[Exception], None]) -> Any:
+        """``get_next()`` traced between the two stamps (see the class docstring), called
+        exactly once whatever fails: a second call would take a second batch a step."""
         tf = self._tf
-        times = self._variable()
-        data = tf.data.Dataset
-        ticks = data.range(1).repeat().map(lambda _: tf.timestamp())
+        try:
+            totals = self._variable()
+            asked = tf.timestamp()
+        except Exception as exc:
+            failed(exc)
+            return get_next()
+        with tf.control_dependencies([asked]):
+            batch = get_next()
+        try:
+            tensors = [t for t in tf.nest.flatten(batch) if isinstance(t, tf.Tensor)]
+            with tf.control_dependencies(tensors):
+                ready = tf.timestamp()
+            totals.assign_add(tf.stack([ready - asked, tf.constant(1.0, tf.float64)]))
+        except Exception as exc:
+            failed(exc)
+        return batch
 
-        def stamp(t: Any, element: Any) -> Any:
-            times.assign(tf.stack([t, tf.timestamp()]))
-            return element
+    @property
+    def active(self) -> bool:
+        """Whether a step was stamped yet."""
+        return self._var is not None
 
-        return data.zip((ticks, dataset)).map(stamp)
-
-    def read(self) -> tuple[float, float] | None:
-        """``(asked, ready)`` of the newest batch (wall seconds), or ``None`` when no
-        batch passed since the last read."""
+    def read(self) -> float | None:
+        """The mean wait a step (seconds) since the last read, or ``None`` when no stamped
+        step ran since."""
         if self._var is None:
             return None
-        asked, ready = (float(t) for t in self._var.numpy())
-        if ready <= self.last:
+        total, count = (float(t) for t in self._var.numpy())
+        waited, steps = total - self._last[0], count - self._last[1]
+        self._last = (total, count)
+        if steps < 1:
             return None
-        self.last = ready
-        return asked, ready
+        self.mean_wait = max(0.0, waited / steps)
+        return self.mean_wait
 
 
 class KerasSteps:
@@ -156,6 +179,8 @@ class KerasSteps:
         self.in_fit = 0
         """``fit`` calls open: the callbacks mark steps, the optimizer hook stands aside."""
         self.multi_step_said = False
+        self.unread = 0
+        """Steps since the stamps were last read."""
 
     def mine(self) -> bool:
         """Whether the calling thread is the training thread (adopting it before any step)."""
@@ -174,18 +199,16 @@ class KerasSteps:
         begin = self.begin if self.begin is not None else now
         self.begin = None
         spe = getattr(model, "steps_per_execution", 1) if model is not None else 1
-        stamps = self.stamp.read() if self.stamp is not None else None
-        waited: tuple[float, float] | None = None
-        if stamps is not None and (not isinstance(spe, int) or spe <= 1):
-            # The stamps are wall time (tf.timestamp); the tracker's clock is monotonic.
-            offset = time.time() - probe.clock()
-            asked, ready = (t - offset for t in stamps)
-            start = min(max(asked, begin), now)
-            waited = (start, min(max(ready, start), now))
-        elif self.stamp is not None and self.stamp.last and (not isinstance(spe, int) or spe <= 1):
-            # No batch arrived during the step: a prefetch after the tail had it ready
-            # (its stamp was read at an earlier step's end). The step took it at once.
-            waited = (begin, begin)
+        stamp = self.stamp
+        wait: float | None = None
+        if stamp is not None and stamp.active and (not isinstance(spe, int) or spe <= 1):
+            self.unread += 1
+            due = now - begin >= READ_EVERY_S or self.unread >= READ_EVERY_STEPS
+            if due or stamp.mean_wait is None:
+                self.unread = 0
+                wait = stamp.read()
+            if wait is None:
+                wait = stamp.mean_wait
         elif isinstance(spe, int) and spe > 1 and not self.multi_step_said:
             self.multi_step_said = True
             probe.emit(probe.event(
@@ -194,10 +217,11 @@ class KerasSteps:
                 "counted, their wait for data is not measured",
                 keras_degraded_data(_keras_version(), [], ["data wait"]),
             ))  # fmt: skip
-        if waited is not None:
-            tracker.loader_enter(waited[0])
-            tracker.loader_exit(waited[1], None, True)
-            start = waited[1]
+        if wait is not None:
+            # The step takes its batch first: its wait is at its start.
+            start = min(begin + wait, now)
+            tracker.loader_enter(begin)
+            tracker.loader_exit(start, None, True)
         else:
             start = begin
         tracker.compute_enter(start, "forward")
@@ -263,7 +287,9 @@ def install(keras: ModuleType, probe: Probe) -> None:
         _install_callbacks(callbacks, steps, probe)
     adapter = found["keras.src.trainers.data_adapters.data_adapter.DataAdapter"]
     if adapter is not None and stamp is not None:
-        _install_stamp(adapter, stamp, part, probe)
+        _install_pipelines(adapter, part, probe)
+    if stamp is not None:
+        _install_get_next(stamp, steps, probe)
     for path in ("keras.src.callbacks.ModelCheckpoint", "keras.src.callbacks.BackupAndRestore"):
         cls = found[path]
         if cls is not None and hasattr(cls, "_save_model"):
@@ -388,26 +414,60 @@ def pipelines(probe: Probe) -> Pipelines:
     return found
 
 
-def _install_stamp(base: type, stamp: ReadyStamp, part: Part, probe: Probe) -> None:
+def _install_pipelines(base: type, part: Part, probe: Probe) -> None:
+    """Each data adapter's ``get_tf_dataset``: the pipeline fit trains from, described."""
     seen = pipelines(probe)
 
     def make(original: Any) -> Any:
         def get_tf_dataset(self: Any, *args: Any, **kwargs: Any) -> Any:
             dataset = original(self, *args, **kwargs)
-            if not part.on:
-                return dataset
-            try:
-                seen.seen_dataset(dataset)
-                return stamp.wrap(dataset)
-            except Exception as exc:
-                part.fail(exc)
-                return dataset
+            if part.on:
+                try:
+                    seen.seen_dataset(dataset)
+                except Exception as exc:
+                    part.fail(exc)
+            return dataset
 
         return get_tf_dataset
 
     for cls in _subclasses(base):
         if "get_tf_dataset" in cls.__dict__:
             _patch(cls, "get_tf_dataset", make, probe)
+
+
+ITERATORS = (
+    "tensorflow.python.data.ops.iterator_ops.OwnedIterator",
+    "tensorflow.python.distribute.input_lib.DistributedIteratorBase",
+)
+"""The iterators whose ``get_next`` fit's step traces: a plain pipeline's, and a
+distribution strategy's (which calls its workers' iterators inside: the outermost call
+is stamped)."""
+
+
+def _install_get_next(stamp: ReadyStamp, steps: KerasSteps, probe: Probe) -> None:
+    tf = stamp._tf
+    part = steps.part
+    eagerly = tf.executing_eagerly
+
+    def make(original: Any) -> Any:
+        def get_next(self: Any, *args: Any, **kwargs: Any) -> Any:
+            depth = getattr(stamp.depth, "n", 0)
+            # Only while fit's step is traced (an eager call is a custom loop's, timed by
+            # __next__), and only the outermost iterator of a strategy's.
+            if depth or not part.on or not steps.in_fit or eagerly():
+                return original(self, *args, **kwargs)
+            stamp.depth.n = depth + 1
+            try:
+                return stamp.around(lambda: original(self, *args, **kwargs), part.fail)
+            finally:
+                stamp.depth.n = depth
+
+        return get_next
+
+    for path in ITERATORS:
+        cls = _resolve(path)
+        if cls is not None and hasattr(cls, "get_next"):
+            _patch(cls, "get_next", make, probe)
 
 
 def _wrap_phase(cls: Any, name: str, phase: str, steps: KerasSteps, probe: Probe) -> None:

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 
-from trainmedic.probe.agent import ProbeAgent, _env_int
+from trainmedic.probe.agent import ProbeAgent, _env_int, job_rank
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.importhook import when_imported
 from trainmedic.probe.incidents import ProbeIncidents
@@ -102,7 +102,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.started_at = wall()
         self.pid = os.getpid()
         self.role = "process"
-        self.rank = _env_int("RANK")
+        self.rank = job_rank()
         self.local_rank = _env_int("LOCAL_RANK")
         self.parts = Parts(config.disabled, config.inject_fault, self._report_part_error)
         self.state = HookState(training_ident=threading.main_thread().ident)
