@@ -256,7 +256,7 @@ def test_attach_names_what_run_names_and_the_job_ends_unharmed(pair: Pair, tmp_p
           f"\n  run: {ran:.1f} s; the plain job ended {after:.1f} s after the window")  # fmt: skip
 
     # The plain job went on and ended as it would have: exit 0, its own output to the end.
-    assert code == 0, errors[-2000:]
+    assert code == 0, f"exit {code}; stdout {out[-500:]!r}; stderr {errors[-2000:]}"
     assert "Traceback" not in errors, errors[-2000:]
     lines = [*first_lines, *out.splitlines()]
     if pair.paused:
