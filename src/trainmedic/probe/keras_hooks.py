@@ -22,6 +22,12 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
   model's outermost call and the tape's ``gradient`` are compute, the
   optimizer's ``apply`` ends the step. Inside ``fit`` the callbacks mark the
   steps instead.
+* **Custom loops whose step is a ``tf.function``**: a function whose trace takes a
+  gradient or applies an optimizer is a training step (:class:`FunctionSteps`); each
+  eager call of it is one step, its compute the call. The batch is waited for
+  either before the call (an eagerly iterated pipeline: ``__next__``) or inside it
+  (``next(iterator)`` traced into the function): then a stamp of the function's
+  own measures it in the graph, as in ``fit``.
 
 Every hook runs on the training thread and does a few stores and, at some steps'
 ends, one read of the stamp's variable (about 40 us: :data:`READ_EVERY_S`); a hook
@@ -30,9 +36,11 @@ that fails switches the ``keras`` probe part off, never the job.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,15 +52,60 @@ if TYPE_CHECKING:
 
 _get_ident = threading.get_ident
 
-#: Where Keras 3 keeps what is hooked: (attribute path, what is lost without it).
-KERAS_APIS = (
-    ("keras.src.callbacks.callback_list.CallbackList", "steps and phases of fit/evaluate"),
-    ("keras.src.trainers.data_adapters.data_adapter.DataAdapter", "the wait for data in fit"),
-    ("keras.src.callbacks.ModelCheckpoint", "ModelCheckpoint's saves as a phase"),
-    ("keras.src.callbacks.BackupAndRestore", "BackupAndRestore's saves as a phase"),
-    ("keras.src.optimizers.base_optimizer.BaseOptimizer", "steps of custom training loops"),
-    ("keras.src.layers.layer.Layer", "the compute time of custom training loops"),
-)
+@dataclass(frozen=True)
+class Flavour:
+    """Where one Keras keeps what is hooked: each entry is (class path, method, what is
+    lost without it); ``since`` is the first version that has them all."""
+
+    module: str
+    since: str
+    callbacks: tuple[str, str]
+    adapter: tuple[str, str, str]
+    saves: tuple[tuple[str, str, str], ...]
+    optimizers: tuple[tuple[str, str, str], ...]
+    layer: tuple[str, str, str]
+
+    def apis(self) -> list[tuple[str, str, str]]:
+        return [(self.callbacks[0], "on_train_batch_end", self.callbacks[1]), self.adapter,
+                *self.saves, *self.optimizers, self.layer]  # fmt: skip
+
+
+KERAS3 = Flavour(
+    module="keras",
+    since="3.0",
+    callbacks=("keras.src.callbacks.callback_list.CallbackList",
+               "steps and phases of fit/evaluate"),
+    adapter=("keras.src.trainers.data_adapters.data_adapter.DataAdapter", "get_tf_dataset",
+             "the wait for data in fit"),
+    saves=(("keras.src.callbacks.ModelCheckpoint", "_save_model",
+            "ModelCheckpoint's saves as a phase"),
+           ("keras.src.callbacks.BackupAndRestore", "_save_model",
+            "BackupAndRestore's saves as a phase")),
+    optimizers=(("keras.src.optimizers.base_optimizer.BaseOptimizer", "apply",
+                 "steps of custom training loops"),),
+    layer=("keras.src.layers.layer.Layer", "__call__",
+           "the compute time of custom training loops"),
+)  # fmt: skip
+"""Keras 3 (``keras``; ``tf.keras`` from TensorFlow 2.16 on)."""
+
+TF_KERAS = Flavour(
+    module="tf_keras",
+    since="2.15",
+    callbacks=("tf_keras.src.callbacks.CallbackList", "steps and phases of fit/evaluate"),
+    adapter=("tf_keras.src.engine.data_adapter.DataAdapter", "get_dataset",
+             "the pipeline fit trains from"),
+    saves=(("tf_keras.src.callbacks.ModelCheckpoint", "_save_model",
+            "ModelCheckpoint's saves as a phase"),
+           ("tf_keras.src.callbacks.BackupAndRestore", "_backup",
+            "BackupAndRestore's saves as a phase")),
+    optimizers=(("tf_keras.src.optimizers.optimizer.Optimizer", "apply_gradients",
+                 "steps of custom training loops"),
+                ("tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2", "apply_gradients",
+                 "steps of custom training loops with legacy optimizers")),
+    layer=("tf_keras.src.engine.base_layer.Layer", "__call__",
+           "the compute time of custom training loops"),
+)  # fmt: skip
+"""Keras 2 (``tf_keras``, what ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras``)."""
 
 
 def _resolve(path: str) -> Any:
@@ -96,7 +149,7 @@ class ReadyStamp:
     it: totals in one variable, read at a step's end.
 
     Keras traces its step function once; the iterator's ``get_next`` is called while it
-    traces (:func:`_install_get_next` wraps it). There the wrapper adds, around the
+    traces (:func:`_install_traced_next` wraps it). There the wrapper adds, around the
     graph's own ``get_next``, a ``tf.timestamp()`` before it, one after the batch (with
     a control dependency on the batch), and adds their difference and one step to the
     variable's totals. They run inside the step's graph at every step: a few
@@ -116,7 +169,8 @@ class ReadyStamp:
         self._last = (0.0, 0.0)
         self.mean_wait: float | None = None
         """The mean wait a step (seconds) of the steps the last read covered."""
-        self.depth = threading.local()
+        self.unread = 0
+        """Steps since the variable was last read."""
 
     def _variable(self) -> Any:
         """``[total wait (s), steps]``."""
@@ -166,6 +220,34 @@ class ReadyStamp:
         self.mean_wait = max(0.0, waited / steps)
         return self.mean_wait
 
+    def step_wait(self, step_s: float) -> float | None:
+        """The wait of the step that just ended, ``step_s`` seconds long: read now when
+        the step is long enough or enough steps went unread (class docstring), else the
+        mean of the last read. ``None``: no step was stamped yet."""
+        if not self.active:
+            return None
+        self.unread += 1
+        if step_s >= READ_EVERY_S or self.unread >= READ_EVERY_STEPS or self.mean_wait is None:
+            self.unread = 0
+            wait = self.read()
+            if wait is not None:
+                return wait
+        return self.mean_wait
+
+
+def stamped_step(tracker: StepTracker, begin: float, now: float, wait: float | None) -> None:
+    """A step from ``begin`` to ``now`` (the probe's clock, seconds) whose compiled call
+    took its batch first, waiting ``wait`` seconds (``None``: not measured); the rest is
+    compute. Ends the step."""
+    start = begin
+    if wait is not None:
+        start = min(begin + wait, now)
+        tracker.loader_enter(begin)
+        tracker.loader_exit(start, None, True)
+    tracker.compute_enter(start, "forward")
+    tracker.compute_exit(now, "forward")
+    tracker.api_step(now)
+
 
 class KerasSteps:
     """What the wrapped callbacks, adapters and optimizer call, on the training thread."""
@@ -179,8 +261,8 @@ class KerasSteps:
         self.in_fit = 0
         """``fit`` calls open: the callbacks mark steps, the optimizer hook stands aside."""
         self.multi_step_said = False
-        self.unread = 0
-        """Steps since the stamps were last read."""
+        self.per_call = 1
+        """Steps a compiled call runs in the ``fit`` open (``steps_per_execution``)."""
 
     def mine(self) -> bool:
         """Whether the calling thread is the training thread (adopting it before any step)."""
@@ -189,44 +271,41 @@ class KerasSteps:
         state = self.probe.state
         return _get_ident() == state.training_ident or self.probe.adopt_training_thread()
 
+    def fit_begins(self, model: Any) -> None:
+        """``fit`` begins: how many steps each of its compiled calls runs (Keras 3 keeps
+        an int, Keras 2 a variable)."""
+        spe: Any = getattr(model, "steps_per_execution", 1) if model is not None else 1
+        with contextlib.suppress(AttributeError):
+            spe = spe.numpy()
+        try:
+            self.per_call = max(1, int(spe))
+        except (TypeError, ValueError):
+            self.per_call = 1
+
     def batch_begin(self) -> None:
         self.begin = self.probe.clock()
 
-    def batch_end(self, model: Any) -> None:
+    def batch_end(self) -> None:
         """A ``fit`` step ended: its wait for data from the stamp, its compute the rest."""
-        probe, tracker = self.probe, self.tracker
+        probe = self.probe
         now = probe.clock()
         begin = self.begin if self.begin is not None else now
         self.begin = None
-        spe = getattr(model, "steps_per_execution", 1) if model is not None else 1
+        spe = self.per_call
         stamp = self.stamp
         wait: float | None = None
-        if stamp is not None and stamp.active and (not isinstance(spe, int) or spe <= 1):
-            self.unread += 1
-            due = now - begin >= READ_EVERY_S or self.unread >= READ_EVERY_STEPS
-            if due or stamp.mean_wait is None:
-                self.unread = 0
-                wait = stamp.read()
-            if wait is None:
-                wait = stamp.mean_wait
-        elif isinstance(spe, int) and spe > 1 and not self.multi_step_said:
-            self.multi_step_said = True
-            probe.emit(probe.event(
-                "probe_degraded",
-                f"probe: Keras runs {spe} steps a call (steps_per_execution): steps are "
-                "counted, their wait for data is not measured",
-                keras_degraded_data(_keras_version(), [], ["data wait"]),
-            ))  # fmt: skip
-        if wait is not None:
-            # The step takes its batch first: its wait is at its start.
-            start = min(begin + wait, now)
-            tracker.loader_enter(begin)
-            tracker.loader_exit(start, None, True)
-        else:
-            start = begin
-        tracker.compute_enter(start, "forward")
-        tracker.compute_exit(now, "forward")
-        tracker.api_step(now)
+        if spe > 1:
+            if not self.multi_step_said:
+                self.multi_step_said = True
+                probe.emit(probe.event(
+                    "probe_degraded",
+                    f"probe: Keras runs {spe} steps a call (steps_per_execution): steps are "
+                    "counted, their wait for data is not measured",
+                    keras_degraded_data(_keras_version(), [], ["data wait"]),
+                ))  # fmt: skip
+        elif stamp is not None:
+            wait = stamp.step_wait(now - begin)
+        stamped_step(self.tracker, begin, now, wait)
 
     def phase(self, name: str | None) -> None:
         """A phase begins (``name``) or ends (``None``)."""
@@ -250,56 +329,71 @@ def keras_degraded_data(
     }
 
 
-def _keras_version() -> str:
+def _keras_version(module: str = "keras") -> str:
     import sys
 
-    module = sys.modules.get("keras")
-    return str(getattr(module, "__version__", "unknown"))
+    found = sys.modules.get(module)
+    return str(getattr(found, "__version__", "unknown"))
 
 
-def install(keras: ModuleType, probe: Probe) -> None:
-    """Hook what Keras 3 offers (module docstring); what it lacks is said in one
-    ``probe_degraded`` event, and the rest is still measured."""
+def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
+    """Hook what this Keras offers (module docstring); what it lacks is said in one
+    ``probe_degraded`` event, and the rest is still measured. Keras 3 and ``tf_keras``
+    in one process share one :class:`KerasSteps`."""
     part = probe.parts["keras"]
     if not part.on:
         return
     part.check()
-    found = {path: _resolve(path) for path, _ in KERAS_APIS}
+    version = _keras_version(flavour.module)
+    found = {(path, method): _resolve(path) for path, method, _ in flavour.apis()}
     missing = [
-        {"feature": path.rsplit(".", 1)[-1], "api": path, "since": "3.0", "part": "keras",
-         "lost": lost}
-        for path, lost in KERAS_APIS if found[path] is None
+        {"feature": f"{path.rsplit('.', 1)[-1]}.{method}", "api": path,
+         "since": flavour.since, "part": "keras", "lost": lost}
+        for path, method, lost in flavour.apis()
+        if found[(path, method)] is None or not hasattr(found[(path, method)], method)
     ]  # fmt: skip
     if missing:
         probe.emit(probe.event(
             "probe_degraded",
-            f"probe: Keras {_keras_version()} lacks "
+            f"probe: {flavour.module} {version} lacks "
             + ", ".join(m["api"] for m in missing) + ": " + "; ".join(m["lost"] for m in missing),
-            keras_degraded_data(_keras_version(), missing, [m["lost"] for m in missing]),
+            keras_degraded_data(version, missing, [m["lost"] for m in missing]),
         ))  # fmt: skip
+
+    def hooked(path: str, method: str) -> Any:
+        cls = found.get((path, method))
+        return cls if cls is not None and hasattr(cls, method) else None
+
     tf = _resolve("tensorflow")
-    backend = getattr(getattr(keras, "config", None), "backend", lambda: "")()
-    stamp = ReadyStamp(tf) if tf is not None and backend == "tensorflow" else None
-    steps = KerasSteps(probe, probe.ensure_tracker(), part, stamp)
-    probe.keras = steps
-    callbacks = found["keras.src.callbacks.callback_list.CallbackList"]
+    steps = probe.keras
+    if steps is None:
+        if flavour is KERAS3:
+            backend = getattr(getattr(keras, "config", None), "backend", lambda: "")()
+        else:
+            backend = "tensorflow"
+        stamp = ReadyStamp(tf) if tf is not None and backend == "tensorflow" else None
+        steps = KerasSteps(probe, probe.ensure_tracker(), part, stamp)
+        probe.keras = steps
+    callbacks = hooked(flavour.callbacks[0], "on_train_batch_end")
     if callbacks is not None:
         _install_callbacks(callbacks, steps, probe)
-    adapter = found["keras.src.trainers.data_adapters.data_adapter.DataAdapter"]
-    if adapter is not None and stamp is not None:
-        _install_pipelines(adapter, part, probe)
-    if stamp is not None:
-        _install_get_next(stamp, steps, probe)
-    for path in ("keras.src.callbacks.ModelCheckpoint", "keras.src.callbacks.BackupAndRestore"):
-        cls = found[path]
-        if cls is not None and hasattr(cls, "_save_model"):
-            _wrap_phase(cls, "_save_model", "checkpoint", steps, probe)
-    optimizer = found["keras.src.optimizers.base_optimizer.BaseOptimizer"]
-    if optimizer is not None and tf is not None:
-        _install_optimizer(optimizer, tf, steps, probe)
-    layer = found["keras.src.layers.layer.Layer"]
-    if layer is not None and tf is not None:
-        _install_compute(layer, "__call__", "forward", tf, steps, probe)
+    path, method, _ = flavour.adapter
+    adapter = hooked(path, method)
+    if adapter is not None and steps.stamp is not None:
+        _install_pipelines(adapter, method, part, probe)
+    for path, method, _ in flavour.saves:
+        cls = hooked(path, method)
+        if cls is not None:
+            _wrap_phase(cls, method, "checkpoint", steps, probe)
+    if tf is not None:
+        for path, method, _ in flavour.optimizers:
+            cls = hooked(path, method)
+            if cls is not None:
+                _install_optimizer(cls, method, tf, steps, probe)
+        path, method, _ = flavour.layer
+        layer = hooked(path, method)
+        if layer is not None:
+            _install_compute(layer, method, "forward", tf, steps, probe)
 
 
 def _patch(cls: Any, name: str, make: Callable[[Any], Any], probe: Probe) -> None:
@@ -328,7 +422,7 @@ def _install_callbacks(cls: Any, steps: KerasSteps, probe: Probe) -> None:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             # The step ends before the other callbacks run: their time (a checkpoint,
             # logging) is the loop's, or a phase of its own.
-            _guarded(steps, lambda: steps.batch_end(getattr(self, "model", None)))
+            _guarded(steps, steps.batch_end)
             return original(self, *args, **kwargs)
 
         return wrapper
@@ -352,6 +446,8 @@ def _install_callbacks(cls: Any, steps: KerasSteps, probe: Probe) -> None:
         def make(original: Any) -> Any:
             def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
                 steps.in_fit = max(0, steps.in_fit + (1 if entering else -1))
+                if entering:
+                    _guarded(steps, lambda: steps.fit_begins(getattr(self, "model", None)))
                 return original(self, *args, **kwargs)
 
             return wrapper
@@ -414,8 +510,9 @@ def pipelines(probe: Probe) -> Pipelines:
     return found
 
 
-def _install_pipelines(base: type, part: Part, probe: Probe) -> None:
-    """Each data adapter's ``get_tf_dataset``: the pipeline fit trains from, described."""
+def _install_pipelines(base: type, method: str, part: Part, probe: Probe) -> None:
+    """Each data adapter's ``method`` (``get_tf_dataset``): the pipeline fit trains
+    from, described."""
     seen = pipelines(probe)
 
     def make(original: Any) -> Any:
@@ -430,37 +527,140 @@ def _install_pipelines(base: type, part: Part, probe: Probe) -> None:
 
         return get_tf_dataset
 
-    for cls in _subclasses(base):
-        if "get_tf_dataset" in cls.__dict__:
-            _patch(cls, "get_tf_dataset", make, probe)
+    for cls in [base, *_subclasses(base)]:
+        if method in cls.__dict__:
+            _patch(cls, method, make, probe)
 
 
 ITERATORS = (
     "tensorflow.python.data.ops.iterator_ops.OwnedIterator",
     "tensorflow.python.distribute.input_lib.DistributedIteratorBase",
 )
-"""The iterators whose ``get_next`` fit's step traces: a plain pipeline's, and a
+"""The iterators whose ``get_next`` a compiled step traces: a plain pipeline's, and a
 distribution strategy's (which calls its workers' iterators inside: the outermost call
 is stamped)."""
 
 
-def _install_get_next(stamp: ReadyStamp, steps: KerasSteps, probe: Probe) -> None:
-    tf = stamp._tf
-    part = steps.part
+class FunctionSteps:
+    """Custom loops whose step is a ``tf.function`` (module docstring).
+
+    A function's first call traces it; while it traces, the tape's ``gradient`` and the
+    optimizer's ``apply`` (their traced calls) say that it trains (:meth:`traced`). Its
+    later calls are steps: the call's time is the step's compute, less the wait for a
+    batch taken inside it, which a :class:`ReadyStamp` of its own measures.
+    """
+
+    def __init__(self, probe: Probe, tracker: StepTracker, part: Part, tf: Any) -> None:
+        self.probe = probe
+        self.tracker = tracker
+        self.part = part
+        self.tf = tf
+        self.trains = False
+        """A gradient or an optimizer's apply was traced since the outermost call began."""
+        self.training: set[int] = set()
+        """``id`` of each function known to train (functions live as long as the job's loop)."""
+        self.stamps: dict[int, ReadyStamp] = {}
+        self.local = threading.local()
+        """``stamp``: the stamp of the function this thread is calling (tracing) now;
+        ``depth``: stamped iterator calls open (a strategy's nest its workers')."""
+
+    def traced(self) -> None:
+        """A gradient or an optimizer step is being traced into a function."""
+        self.trains = True
+
+    def tracing_stamp(self) -> ReadyStamp | None:
+        """The stamp of the outermost function the calling thread is in, if any."""
+        return getattr(self.local, "stamp", None)
+
+    def traced_batch(self, call: Callable[[], Any]) -> Any:
+        """A batch taken inside a compiled step being traced, by ``call()``: stamped with
+        fit's stamp inside ``fit``, else with the function's own; only the outermost
+        call (a strategy's iterator calls its workers' inside)."""
+        keras = self.probe.keras
+        stamp = keras.stamp if keras is not None and keras.in_fit else self.tracing_stamp()
+        n = getattr(self.local, "depth", 0)
+        if n or stamp is None or not self.part.on:
+            return call()
+        self.local.depth = n + 1
+        try:
+            return stamp.around(call, self.part.fail)
+        finally:
+            self.local.depth = n
+
+    def call(self, function: Any, original: Callable[[], Any]) -> Any:
+        """An eager call of ``function`` on the training thread, made by ``original()``."""
+        key = id(function)
+        stamp = self.stamps.get(key)
+        if stamp is None:
+            stamp = self.stamps[key] = ReadyStamp(self.tf)
+        self.trains = False
+        self.local.stamp = stamp
+        clock = self.probe.clock
+        begin = clock()
+        try:
+            result = original()
+        finally:
+            self.local.stamp = None
+        try:
+            if self.trains:
+                self.trains = False
+                self.training.add(key)
+            if key in self.training:
+                now = clock()
+                stamped_step(self.tracker, begin, now, stamp.step_wait(now - begin))
+        except Exception as exc:
+            self.part.fail(exc)
+        return result
+
+
+def function_steps(probe: Probe, tf: Any) -> FunctionSteps:
+    """The probe's :class:`FunctionSteps` (one per process)."""
+    found = probe.tf_functions
+    if found is None:
+        found = FunctionSteps(probe, probe.ensure_tracker(), probe.parts["keras"], tf)
+        probe.tf_functions = found
+    return found
+
+
+def _install_functions(tf: Any, functions: FunctionSteps, probe: Probe) -> bool:
+    """Every ``tf.function``'s eager call, for :class:`FunctionSteps`. Returns whether
+    TensorFlow's function class was found."""
+    cls = _resolve("tensorflow.python.eager.polymorphic_function.polymorphic_function.Function")
+    if not isinstance(cls, type) or "__call__" not in cls.__dict__:
+        return False
+    part = functions.part
+    state = probe.state
+    eagerly = tf.executing_eagerly
+
+    def make(original: Any) -> Any:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            keras = probe.keras
+            if (
+                not part.on
+                or _get_ident() != state.training_ident
+                or (keras is not None and keras.in_fit)
+                or functions.tracing_stamp() is not None
+                or not eagerly()
+            ):
+                return original(self, *args, **kwargs)
+            return functions.call(self, lambda: original(self, *args, **kwargs))
+
+        return __call__
+
+    _patch(cls, "__call__", make, probe)
+    return True
+
+
+def _install_traced_next(tf: Any, functions: FunctionSteps, probe: Probe) -> None:
+    """The iterators' ``get_next`` traced into a compiled step:
+    :meth:`FunctionSteps.traced_batch`. An eager call is left alone."""
     eagerly = tf.executing_eagerly
 
     def make(original: Any) -> Any:
         def get_next(self: Any, *args: Any, **kwargs: Any) -> Any:
-            depth = getattr(stamp.depth, "n", 0)
-            # Only while fit's step is traced (an eager call is a custom loop's, timed by
-            # __next__), and only the outermost iterator of a strategy's.
-            if depth or not part.on or not steps.in_fit or eagerly():
+            if eagerly():
                 return original(self, *args, **kwargs)
-            stamp.depth.n = depth + 1
-            try:
-                return stamp.around(lambda: original(self, *args, **kwargs), part.fail)
-            finally:
-                stamp.depth.n = depth
+            return functions.traced_batch(lambda: original(self, *args, **kwargs))
 
         return get_next
 
@@ -484,7 +684,7 @@ def _wrap_phase(cls: Any, name: str, phase: str, steps: KerasSteps, probe: Probe
     _patch(cls, name, make, probe)
 
 
-def _install_optimizer(cls: Any, tf: Any, steps: KerasSteps, probe: Probe) -> None:
+def _install_optimizer(cls: Any, method: str, tf: Any, steps: KerasSteps, probe: Probe) -> None:
     tracker = steps.tracker
     eagerly = tf.executing_eagerly
 
@@ -492,7 +692,12 @@ def _install_optimizer(cls: Any, tf: Any, steps: KerasSteps, probe: Probe) -> No
         def apply(self: Any, *args: Any, **kwargs: Any) -> Any:
             # Traced inside a compiled function (fit's step, a tf.function loop) it runs
             # once, not every step: only an eager call is a step of a custom loop.
-            if steps.in_fit or not eagerly():
+            if steps.in_fit:
+                return original(self, *args, **kwargs)
+            if not eagerly():
+                functions = probe.tf_functions
+                if functions is not None:
+                    functions.traced()
                 return original(self, *args, **kwargs)
             try:
                 mine = steps.mine()
@@ -511,14 +716,21 @@ def _install_optimizer(cls: Any, tf: Any, steps: KerasSteps, probe: Probe) -> No
 
         return apply
 
-    _patch(cls, "apply", make, probe)
+    _patch(cls, method, make, probe)
 
 
 def _install_compute(
-    cls: Any, name: str, kind: str, tf: Any, steps: KerasSteps | None, probe: Probe
+    cls: Any,
+    name: str,
+    kind: str,
+    tf: Any,
+    steps: KerasSteps | None,
+    probe: Probe,
+    on_traced: Callable[[], None] | None = None,
 ) -> None:
     """``cls.name`` as compute of kind ``kind`` when a custom loop runs it eagerly
-    (outermost calls only: a model's layers are inside its own call)."""
+    (outermost calls only: a model's layers are inside its own call); ``on_traced`` is
+    called when it is traced into a compiled function instead, outside ``fit``."""
     eagerly = tf.executing_eagerly
     part = probe.parts["keras"]
     state = probe.state
@@ -527,6 +739,8 @@ def _install_compute(
     def make(original: Any) -> Any:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             keras = probe.keras if steps is None else steps
+            if on_traced is not None and not eagerly() and not (keras and keras.in_fit):
+                on_traced()
             if (
                 not part.on
                 or tracker.in_compute
@@ -571,9 +785,13 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
     tracker = probe.ensure_tracker()
     clock = probe.clock
     state = probe.state
+    eagerly = tf.executing_eagerly
+    functions = function_steps(probe, tf)
 
     def make(original: Any) -> Any:
         def __next__(self: Any) -> Any:
+            if not eagerly():  # next(iterator) traced into a compiled step
+                return functions.traced_batch(lambda: original(self))
             keras = probe.keras
             if not part.on or _get_ident() != state.training_ident or (keras and keras.in_fit):
                 return original(self)
@@ -599,9 +817,17 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
         return __next__
 
     _patch(owned, "__next__", make, probe)
+    _install_traced_next(tf, functions, probe)
     tape = _resolve("tensorflow.python.eager.backprop.GradientTape")
     if tape is not None:
-        _install_compute(tape, "gradient", "backward", tf, None, probe)
+        _install_compute(tape, "gradient", "backward", tf, None, probe, functions.traced)
+    if not _install_functions(tf, functions, probe):
+        probe.emit(probe.event(
+            "probe_degraded",
+            "probe: TensorFlow's tf.function class is not where the probe looks: the steps "
+            "of custom loops whose step is a tf.function are not seen",
+            keras_degraded_data(str(getattr(tf, "__version__", "unknown")), [], ["steps"]),
+        ))  # fmt: skip
     dataset_cls = _resolve("tensorflow.python.data.ops.dataset_ops.DatasetV2")
     if dataset_cls is not None:
         seen = pipelines(probe)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.forensics import StackDumps
-    from trainmedic.probe.keras_hooks import KerasSteps, Pipelines
+    from trainmedic.probe.keras_hooks import FunctionSteps, KerasSteps, Pipelines
     from trainmedic.probe.profile_window import ProfileWindow
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam
@@ -115,6 +115,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.torch: ModuleType | None = None
         self.keras: KerasSteps | None = None
         self.tf_pipelines: Pipelines | None = None
+        self.tf_functions: FunctionSteps | None = None
         self.restore: list[Callable[[], None]] = []
         # Messages, and finished steps as (draft, timing, alloc) to build records from.
         self.outbox: deque[ProbeMessage | StepDraft | tuple[StepDraft, Any, Any]] = deque()
@@ -154,6 +155,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         when_imported("torch", self._on_torch)
         when_imported("tensorflow", self._on_tensorflow)
         when_imported("keras", self._on_keras)
+        when_imported("tf_keras", self._on_tf_keras)
 
     def _ensure_agent(self) -> None:
         if self._agent is not None:
@@ -286,6 +288,14 @@ class Probe(ProbeAgent, ProbeIncidents):
             from trainmedic.probe import keras_hooks
 
             keras_hooks.install(keras, self)
+        except Exception as exc:
+            self.parts["keras"].fail(exc)
+
+    def _on_tf_keras(self, tf_keras: ModuleType) -> None:
+        try:
+            from trainmedic.probe import keras_hooks
+
+            keras_hooks.install(tf_keras, self, keras_hooks.TF_KERAS)
         except Exception as exc:
             self.parts["keras"].fail(exc)
 

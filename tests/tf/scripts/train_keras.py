@@ -11,6 +11,11 @@ Modes:
 * ``healthy``: in-memory tensors, cached, batched, prefetched: compute-bound.
 * ``custom``: a custom loop, ``tf.GradientTape`` and ``optimizer.apply_gradients``
   run eagerly, over a pipeline whose batches arrive slowly.
+* ``function-step``: a custom loop whose step is a ``tf.function`` (tape, gradient and
+  ``apply_gradients`` traced into it), called on each batch of a pipeline iterated
+  eagerly, whose batches arrive slowly.
+* ``function-iter``: the same step, taking its batch itself (``next(iterator)``
+  inside the ``tf.function``), as distributed custom loops do.
 * ``validate``: ``fit`` with ``validation_data`` and ``ModelCheckpoint`` each epoch.
 * ``mirrored``: ``MirroredStrategy`` over two logical CPU devices, a parallel
   prefetched pipeline.
@@ -142,6 +147,44 @@ def main():
                 step += 1
                 if step % 10 == 0:
                     print(f"step {step} loss {float(loss):.3f}", flush=True)
+    elif args.mode in ("function-step", "function-iter"):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).map(heavy).batch(args.batch)
+        opt = keras.optimizers.Adam(1e-3)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def train(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, m(xb, training=True))
+            grads = tape.gradient(loss, m.trainable_variables)
+            opt.apply_gradients(zip(grads, m.trainable_variables, strict=True))
+            return loss
+
+        @tf.function
+        def train_step(xb, yb):
+            return train(xb, yb)
+
+        @tf.function
+        def train_next(iterator):
+            return train(*next(iterator))
+
+        @tf.function
+        def predict(xb):
+            return tf.reduce_mean(m(xb, training=False))
+
+        step = 0
+        for _ in range(args.epochs):
+            if args.mode == "function-step":
+                losses = (train_step(xb, yb) for xb, yb in ds)
+            else:
+                iterator = iter(ds)
+                losses = (train_next(iterator) for _ in range(args.steps))
+            for loss in losses:
+                step += 1
+                if step % 10 == 0:
+                    print(f"step {step} loss {float(loss):.3f}", flush=True)
+            if args.mode == "function-step":
+                for xb, _ in ds.take(5):
+                    predict(xb)
     elif args.mode == "validate":
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch).prefetch(2)
         val = tf.data.Dataset.from_tensor_slices(arrays(n // 2)).batch(args.batch)
