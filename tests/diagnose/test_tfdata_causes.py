@@ -46,12 +46,16 @@ def _stages(*ops: str, **flags: Any) -> dict[str, Any]:
     return data
 
 
-def _record(pipeline: dict[str, Any] | None, wait: float = 0.15) -> RunRecord:
+def _record(
+    pipeline: dict[str, Any] | None, wait: float = 0.15, epochs: bool = False
+) -> RunRecord:
     loader = dataclasses.replace(
         make_loader(0, batch_size=32, pin_memory=False, prefetch_factor=None, dataset_len=None),
         dataset_type="tf.data",
     )
     events = [make_event("tfdata_pipeline", **pipeline)] if pipeline is not None else []
+    if epochs:
+        events.append(make_event("tfdata_epochs", how="fit's epoch 2"))
     return make_record(make_steps(200, 0.25, wait), host=make_host_series(55),
                        loaders=[loader], events=events)  # fmt: skip
 
@@ -96,3 +100,34 @@ def test_a_pipeline_not_described_still_gets_tf_datas_words() -> None:
 def test_a_pipeline_that_keeps_up_is_no_finding() -> None:
     found = diagnose_run(_record(_stages("Batch", "Map", "TensorSlice"), wait=0.005))
     assert not [f for f in found if f.id.startswith("input.")]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "epochs", "key", "where"),
+    [
+        # A second epoch seen by the probe; the cache goes after the map.
+        (_stages("Prefetch", "Batch", "ParallelMap", "TensorSlice", cache_after=".map(decode)"),
+         True, "cpu", "after .map(decode)"),
+        # The pipeline repeats itself; the files' reads are what the cache saves.
+        (_stages("Prefetch", "Batch", "Repeat", "ParallelInterleave", "TensorSlice",
+                 file_sources=1, repeat=-1, cache_after=".interleave(read)"),
+         False, "io", "after .interleave(read)"),
+    ],
+    ids=["second-epoch", "repeat-files"],
+)
+def test_work_redone_every_epoch_without_a_cache_is_named_with_where_to_cache(
+    pipeline: dict[str, Any], epochs: bool, key: str, where: str
+) -> None:
+    (f,) = input_bound(RunView.of(_record(pipeline, epochs=epochs)), TH)
+    assert f.id == f"input.{key}" and "every epoch" in f.title
+    assert f".cache() right {where}" in f.fix and f.evidence["tfdata_repeats"] is True
+
+
+def test_a_cache_is_not_asked_for_one_epoch_or_where_a_cache_is() -> None:
+    one_epoch = _stages("Prefetch", "Batch", "ParallelMap", "TensorSlice",
+                        cache_after=".map(decode)")  # fmt: skip
+    (f,) = input_bound(RunView.of(_record(one_epoch)), TH)
+    assert "cache() right" not in f.fix and f.id == "input.cpu"
+    cached = _stages("Prefetch", "Batch", "Cache", "ParallelMap", "TensorSlice", cache_after=None)
+    (f,) = input_bound(RunView.of(_record(cached, epochs=True)), TH)
+    assert "cache() right" not in f.fix and f.id == "input.cpu"

@@ -67,6 +67,18 @@ def test_a_generator_pipeline_is_the_interpreter_lock(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_work_redone_every_epoch_asks_for_a_cache_after_the_map(tmp_path: Path) -> None:
+    r = _run(tmp_path, "uncached", "--steps", "60", "--epochs", "3")
+    assert r["rc"] == 0 and "done" in r["output"]
+    assert [e["data"]["how"] for e in r["events"] if e["kind"] == "tfdata_epochs"] == [
+        "fit's epoch 2"
+    ]
+    (f,) = _input(r["findings"])
+    assert f["id"] == "input.cpu" and "every epoch" in f["title"], f
+    assert ".cache() right after .map(heavy)" in f["fix"]
+
+
+@pytest.mark.slow
 def test_an_in_memory_prefetched_pipeline_is_no_input_finding(tmp_path: Path) -> None:
     r = _run(tmp_path, "healthy", "--steps", "300", "--epochs", "2")
     assert len([s for s in r["steps"] if s.get("ph", "train") == "train"]) == 600

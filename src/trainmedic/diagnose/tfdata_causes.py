@@ -15,7 +15,11 @@ off most:
    several files without a parallel ``interleave``) (``input.io``);
 4. no ``prefetch`` after the last ``batch``: the pipeline and the step take
    turns (``input.workers``);
-5. otherwise the pipeline runs in parallel and prefetches: its work takes the
+5. the job goes over the data again (a second epoch, or a ``repeat``) and the
+   pipeline redoes its work each time, with no ``cache``: the cache goes after the
+   last stage of work that comes before anything random (``input.cpu``, or
+   ``input.io`` when that work is reading files);
+6. otherwise the pipeline runs in parallel and prefetches: its work takes the
    CPU it has (``input.cpu``), with the job's cores as evidence.
 
 Each finding gives the stages it read and the settings to write.
@@ -60,6 +64,15 @@ def pipeline(view: RunView) -> Mapping[str, Any] | None:
     return None
 
 
+def repeats(view: RunView, p: Mapping[str, Any]) -> bool:
+    """Whether the job goes over its pipeline's data more than once: a ``repeat`` in the
+    pipeline, or a second epoch the probe saw (a ``tfdata_epochs`` event)."""
+    if p.get("repeat", 1) != 1:
+        return True
+    pids = {lo.pid for lo in view.train_loaders}
+    return any(e.kind == "tfdata_epochs" and e.pid in pids for e in view.record.events)
+
+
 def tfdata_cause(view: RunView, th: Thresholds) -> InputCause | None:
     """The cause of a wait for a ``tf.data`` pipeline (module docstring), or ``None``
     when the job trains from none."""
@@ -69,7 +82,8 @@ def tfdata_cause(view: RunView, th: Thresholds) -> InputCause | None:
     line = str(p.get("summary") or "not described")
     evidence: dict[str, Any] = {"tfdata_pipeline": line}
     for key in ("serial_maps", "python_stages", "generator", "file_sources",
-                "parallel_reads", "prefetch", "cache", "batch_size"):  # fmt: skip
+                "parallel_reads", "prefetch", "cache", "batch_size", "repeat",
+                "random_stages", "cache_after"):  # fmt: skip
         if key in p:
             evidence[f"tfdata_{key}"] = p[key]
     s = view.summary
@@ -121,6 +135,21 @@ def tfdata_cause(view: RunView, th: Thresholds) -> InputCause | None:
             f"training step take turns instead of overlapping ({line})",
             f"{_PREFETCH[0].upper()}{_PREFETCH[1:]}: the next batches are then made while "
             "the step runs.",
+        )  # fmt: skip
+    where = p.get("cache_after")
+    if where and not p.get("cache") and repeats(view, p):
+        evidence["tfdata_repeats"] = True
+        reads = bool(p.get("file_sources"))
+        before = (" and before the first random stage, so that each epoch still gets "
+                  "new augmentations" if p.get("random_stages") else "")  # fmt: skip
+        return cause(
+            "io" if reads else "cpu", Category.IO if reads else Category.CPU,
+            f"the tf.data pipeline {'reads its files and ' if reads else ''}redoes its work "
+            f"on every epoch: it goes over the same data again with no cache ({line})",
+            f"Add .cache() right after {where}{before}: the work is then done once, in "
+            "the first epoch. Use .cache() in memory when the prepared data fit in RAM, "
+            "else .cache('/local/disk/path') on a local disk; keep "
+            ".prefetch(tf.data.AUTOTUNE) at the end.",
         )  # fmt: skip
     return cause(
         "cpu", Category.CPU,

@@ -462,6 +462,18 @@ def _install_callbacks(cls: Any, steps: KerasSteps, probe: Probe) -> None:
     _patch(cls, "on_predict_end", phase(None), probe)
     _patch(cls, "on_train_begin", fit(True), probe)
     _patch(cls, "on_train_end", fit(False), probe)
+    seen = pipelines(probe)
+
+    def epoch_begin(original: Any) -> Any:
+        def wrapper(self: Any, epoch: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(epoch, int) and epoch >= 1 and not seen.repeat_said:
+                _guarded(steps, lambda: seen.epoch_again(f"fit's epoch {epoch + 1}"))
+            return original(self, epoch, *args, **kwargs)
+
+        return wrapper
+
+    if hasattr(cls, "on_epoch_begin"):
+        _patch(cls, "on_epoch_begin", epoch_begin, probe)
 
 
 def _subclasses(cls: type) -> Iterator[type]:
@@ -479,6 +491,17 @@ class Pipelines:
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
         self.seen: dict[str, int] = {}
+        self.repeat_said = False
+
+    def epoch_again(self, how: str) -> None:
+        """The job goes over its data again (a second epoch), said once in a
+        ``tfdata_epochs`` event: what a ``.cache()`` would save from now on."""
+        if self.repeat_said:
+            return
+        self.repeat_said = True
+        probe = self.probe
+        probe.emit(probe.event("tfdata_epochs", f"tf.data: a second epoch ({how})",
+                               {"how": how}))  # fmt: skip
 
     def seen_dataset(self, dataset: Any) -> None:
         from trainmedic.probe.tf_data import describe, summary
@@ -488,6 +511,7 @@ class Pipelines:
         described = describe(dataset)
         line = summary(described)
         if line in self.seen:
+            self.epoch_again("the pipeline iterated again")
             return
         self.seen[line] = loader_id = len(self.seen) + 1
         batch = described["batch_size"]

@@ -22,6 +22,12 @@ MAX_STAGES = 64
 """Stages read at most (a pipeline zipped from many sources stops there)."""
 PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
 """Operations that call back into Python (``tf.py_function``, ``tf.numpy_function``)."""
+RANDOM_OP_PREFIXES = (
+    "Random", "StatelessRandom", "StatelessTruncatedNormal", "StatelessMultinomial",
+    "StatefulUniform", "StatefulStandardNormal", "StatefulTruncatedNormal", "Multinomial",
+)  # fmt: skip
+"""Operation types that draw random numbers: a stage that runs one (augmentation) gives
+other data each epoch, so a cache must come before it."""
 FILE_SOURCES = frozenset({"TFRecordDatasetV2", "TFRecordDataset", "TextLineDatasetV2",
                           "TextLineDataset", "FixedLengthRecordDatasetV2",
                           "FixedLengthRecordDataset"})  # fmt: skip
@@ -51,6 +57,13 @@ def _function_ops(stage: Any) -> set[str]:
         return set()
 
 
+def _function_name(stage: Any) -> str | None:
+    """The name of the Python function a stage runs (``heavy``, ``<lambda>``), if any."""
+    wrapper = getattr(stage, "_map_func", None) or getattr(stage, "_predicate", None)
+    name = getattr(getattr(wrapper, "_func", None), "__name__", None)
+    return name if isinstance(name, str) else None
+
+
 def _name(stage: Any) -> str:
     name = type(stage).__name__.lstrip("_")
     for suffix in ("DatasetV2", "DatasetV1", "Dataset"):
@@ -64,9 +77,11 @@ def describe(dataset: Any) -> dict[str, Any]:
     """The pipeline of ``dataset``, tail first: its stages and what they say of its speed.
 
     Returns ``{"stages": [...], "serial_maps", "python_stages", "generator",
-    "file_sources", "parallel_reads", "prefetch", "cache", "batch_size"}``; each stage
-    is ``{"op", "parallel", "buffer", "batch", "python", "generator", "files"}`` with
-    what applies (``parallel`` is ``-1`` for ``tf.data.AUTOTUNE``).
+    "file_sources", "parallel_reads", "prefetch", "cache", "batch_size", "repeat",
+    "random_stages", "cache_after"}``; each stage is ``{"op", "fn", "parallel",
+    "buffer", "batch", "count", "python", "random", "generator", "files"}`` with what applies
+    (``parallel`` and a repeat's ``count`` are ``-1`` for ``tf.data.AUTOTUNE`` and for
+    ever).
     """
     stages: list[dict[str, Any]] = []
     seen: set[int] = set()
@@ -85,9 +100,17 @@ def describe(dataset: Any) -> dict[str, Any]:
             n = _number(getattr(stage, attr, None))
             if n is not None:
                 entry[key] = n
+        if cls.startswith("Repeat"):
+            count = _number(getattr(stage, "_count", None))
+            entry["count"] = -1 if count is None else count
+        fn = _function_name(stage)
+        if fn is not None:
+            entry["fn"] = fn[:60]
         called = _function_ops(stage)
         if called & PYTHON_OPS:
             entry["python"] = True
+        if any(op.startswith(RANDOM_OP_PREFIXES) for op in called):
+            entry["random"] = True
         if "GeneratorDataset" in called:
             entry["generator"] = True
         if cls in FILE_SOURCES:
@@ -100,6 +123,7 @@ def describe(dataset: Any) -> dict[str, Any]:
         todo.extend(inputs)
     ops = [s["op"] for s in stages]
     batches = [s["batch"] for s in stages if "batch" in s]
+    repeats = [s["count"] for s in stages if "count" in s]
     return {
         "stages": stages,
         "serial_maps": sum(1 for s in stages if s["op"] == "Map"),
@@ -111,7 +135,52 @@ def describe(dataset: Any) -> dict[str, Any]:
         "prefetch": "Prefetch" in ops[: ops.index("Batch") if "Batch" in ops else len(ops)],
         "cache": "Cache" in ops,
         "batch_size": batches[0] if batches else None,
+        # Epochs the pipeline itself repeats its data (-1: for ever); 1: no repeat.
+        "repeat": -1 if -1 in repeats else (max(repeats) if repeats else 1),
+        "random_stages": sum(1 for s in stages if s.get("random")),
+        "cache_after": cache_point(stages),
     }
+
+
+WORK_OPS = {"Map": "map", "ParallelMap": "map", "FlatMap": "flat_map",
+            "Interleave": "interleave", "ParallelInterleave": "interleave",
+            "Filter": "filter"}  # fmt: skip
+"""Stages whose work a cache saves on every epoch after the first, and the method that
+makes each."""
+
+
+def _stage_text(stage: dict[str, Any], nth: int) -> str:
+    """A stage as the script wrote it: ``.map(heavy)``, ``.map(<lambda>) (map 2 from
+    the source)``, ``the TFRecord source``."""
+    method = WORK_OPS.get(stage["op"])
+    if method is None:
+        return f"the {stage['op']} source"
+    fn = stage.get("fn", "...")
+    text = f".{method}({fn})"
+    if nth > 1 and fn in ("...", "<lambda>"):
+        text += f" ({method} {nth} from the source)"
+    return text
+
+
+def cache_point(stages: list[dict[str, Any]]) -> str | None:
+    """Where a ``.cache()`` saves the most work and keeps every epoch's data as the job
+    makes it: after the last stage of work (``WORK_OPS``, file reads) that comes before
+    the first random one, as the script wrote it (:func:`_stage_text`); ``None``: there
+    is no such stage or a cache is there already."""
+    source_first = list(reversed(stages))
+    point: str | None = None
+    seen: dict[str, int] = {}
+    for s in source_first:
+        op = s["op"]
+        method = WORK_OPS.get(op, op)
+        seen[method] = seen.get(method, 0) + 1
+        if s.get("random") or op in ("Shuffle", "Cache", "Repeat"):
+            break
+        if op in WORK_OPS or s.get("files"):
+            point = _stage_text(s, seen[method])
+    if any(s["op"] == "Cache" for s in stages):
+        return None
+    return point
 
 
 def summary(described: dict[str, Any]) -> str:

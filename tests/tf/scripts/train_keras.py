@@ -8,6 +8,8 @@ Modes:
   Python-free TensorFlow ops with no ``num_parallel_calls`` and no ``prefetch``:
   the model waits for its data.
 * ``generator``: ``from_generator`` over slow Python (``time.sleep`` per sample).
+* ``uncached``: the per-sample ``map`` in parallel, prefetched, with no ``cache``,
+  over several epochs: the same work is redone every epoch.
 * ``healthy``: in-memory tensors, cached, batched, prefetched: compute-bound.
 * ``custom``: a custom loop, ``tf.GradientTape`` and ``optimizer.apply_gradients``
   run eagerly, over a pipeline whose batches arrive slowly.
@@ -129,6 +131,11 @@ def main():
             tf.TensorSpec((FEATURES,), tf.float32), tf.TensorSpec((), tf.int32),
         )).batch(args.batch)
         m.fit(ds, epochs=args.epochs, verbose=0, callbacks=[Every(10)])
+    elif args.mode == "uncached":
+        ds = (tf.data.Dataset.from_tensor_slices((x, y))
+              .map(heavy, num_parallel_calls=tf.data.AUTOTUNE)
+              .batch(args.batch).prefetch(tf.data.AUTOTUNE))
+        m.fit(ds, epochs=args.epochs, verbose=0, callbacks=[Every(20)])
     elif args.mode == "healthy":
         ds = (tf.data.Dataset.from_tensor_slices((x, y)).cache().batch(args.batch)
               .prefetch(tf.data.AUTOTUNE))
