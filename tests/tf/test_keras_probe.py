@@ -38,7 +38,14 @@ if sys.argv[1] != "torch-backend":
     x = np.zeros((96, 4), "float32"); y = np.zeros((96,), "int32")
     m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    m.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=2, verbose=0)
+    if sys.argv[1] == "gpu-facts":  # TensorFlow's answers on a GPU, stood in for
+        import trainmedic.probe.tf_facts as tf_facts
+        tf_facts.read = lambda tf, modules, jit: {
+            "gpus": [{"index": 0, "memory_growth": False, "peak_bytes": 1 << 30}],
+            "growth_env": False, "dtype_policy": "float32", "jit_compile": jit,
+            "auto_jit": None}
+    epochs = 8 if sys.argv[1] == "gpu-facts" else 2
+    m.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=epochs, verbose=0)
     probe.tracker.finish(probe.clock())
 drafts = [m for m in probe.outbox if isinstance(m, StepDraft)]
 events = [m for m in probe.outbox if type(m).__name__ == "RunEvent"]
@@ -68,6 +75,17 @@ def test_fit_gives_a_step_per_batch_each_with_its_wait_for_data() -> None:
     (pipeline,) = [e for e in r["events"] if e[0] == "tfdata_pipeline"]
     assert pipeline[2]["summary"] == "TensorSlice > Batch(32)"
     assert not [e for e in r["events"] if e[0] == "probe_degraded"]
+    # A second epoch is said once; TensorFlow sees no GPU here: no GPU facts.
+    assert [e[2]["how"] for e in r["events"] if e[0] == "tfdata_epochs"] == ["fit's epoch 2"]
+    assert not [e for e in r["events"] if e[0] == "tf_gpu"]
+
+
+def test_gpu_settings_are_sent_after_the_warm_up_with_the_models_jit_compile() -> None:
+    r = _child("gpu-facts")
+    assert len(r["steps"]) == 24
+    (facts,) = [e for e in r["events"] if e[0] == "tf_gpu"]  # at step 20, not before or again
+    assert facts[2]["dtype_policy"] == "float32" and facts[2]["jit_compile"] in (True, False)
+    assert "pool peak 1.00 GiB" in facts[1]
 
 
 def test_a_class_keras_lacks_is_named_and_the_rest_still_measured() -> None:

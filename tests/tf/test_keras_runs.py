@@ -51,8 +51,11 @@ def test_a_serial_map_is_named_with_the_setting_to_change(tmp_path: Path) -> Non
     train = [s for s in r["steps"] if s.get("ph", "train") == "train"]
     assert len(train) == 150 and all(s["src"] == "api" for s in train)
     # The wait for the pipeline is measured: most of each step.
-    assert sum(s.get("w", 0.0) for s in train[10:]) / sum(s["d"] for s in train[10:]) > 0.3
-    (f,) = _input(r["findings"])
+    share = sum(s.get("w", 0.0) for s in train[10:]) / sum(s["d"] for s in train[10:])
+    assert share > 0.3, (share, [(f["id"], f["title"]) for f in r["findings"]])
+    inputs = _input(r["findings"])
+    assert len(inputs) == 1, [(x["id"], x["title"]) for x in r["findings"]]
+    f = inputs[0]
     assert f["id"] == "input.workers" and f["severity"] in ("warning", "error")
     assert "num_parallel_calls=tf.data.AUTOTUNE" in f["fix"]
     assert f["evidence"]["tfdata_pipeline"] == "TensorSlice > Map > Batch(32)"

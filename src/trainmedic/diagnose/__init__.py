@@ -30,6 +30,7 @@ from trainmedic.diagnose.probe_reach import probe_reach
 from trainmedic.diagnose.ranks import distributed
 from trainmedic.diagnose.shm import shm_too_small
 from trainmedic.diagnose.stalls import stalls
+from trainmedic.diagnose.tf_gpu import tf_memory_pool
 from trainmedic.diagnose.thermal import throttling
 from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from trainmedic.diagnose.trace_windows import PRECISE_GPU, window_findings
@@ -51,6 +52,7 @@ RULES: tuple[Rule, ...] = (
     no_mixed_precision,
     grad_scaler_skips,
     memory_pressure,
+    tf_memory_pool,
     gpu_contention,
     cpu_contention,
     throttling,

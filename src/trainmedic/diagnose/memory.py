@@ -23,6 +23,19 @@ FIX = (
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. " + MICRO_BATCH_FIX
 )
 
+TF_FIX = (
+    "Need less memory per step: a smaller batch (dataset.batch(N)), the mixed_bfloat16 "
+    "policy (keras.mixed_precision.set_global_policy('mixed_bfloat16'), mixed_float16 "
+    "before Ampere), recomputed activations (tf.recompute_grad on the largest blocks). "
+    "After an out-of-memory restart trainmedic sets TRAINMEDIC_MICRO_BATCH_DIVISOR: read "
+    "it with trainmedic.micro_batch_plan(batch_size) to build the smaller batch."
+)
+"""The same advice in TensorFlow's words."""
+
+
+def _fix(view: RunView) -> str:
+    return TF_FIX if view.framework == "tensorflow" else FIX
+
 
 def memory_pressure(view: RunView, th: Thresholds) -> list[Finding]:
     ev = _capacity_evidence(view)
@@ -42,7 +55,7 @@ def memory_pressure(view: RunView, th: Thresholds) -> list[Finding]:
                 severity=Severity.WARNING,
                 title=f"GPU memory {share:.0%} full: one larger batch or sequence from an OOM",
                 evidence=ev,
-                fix=FIX,
+                fix=_fix(view),
                 impact=None,
                 subject=ev.get("gpu"),
             )
@@ -75,7 +88,7 @@ def _oom(view: RunView, ev: dict[str, Any]) -> Finding | None:
         severity=Severity.ERROR,
         title=f"The job ran out of GPU memory ({count} time{'s' if count > 1 else ''})",
         evidence=ev,
-        fix=FIX,
+        fix=_fix(view),
         impact=None,
         subject=ev.get("gpu"),
     )
@@ -118,7 +131,7 @@ def _retries(view: RunView, ev: dict[str, Any]) -> Finding | None:
             "is too tight"
         ),
         evidence=ev,
-        fix=FIX,
+        fix=_fix(view),
         impact=impact,
         subject=ev.get("gpu"),
     )
@@ -147,6 +160,11 @@ def _capacity_evidence(view: RunView) -> dict[str, Any]:
         used = max(
             (g.memory_used_bytes for g in series if g.memory_used_bytes is not None), default=None
         )
+        pool = view.tf_pool_peak_bytes if view.tf_preallocates else None
+        if pool is not None:
+            # The GPU shows TensorFlow's pool, taken whole at start: what the job uses
+            # is what the pool handed out at its peak.
+            used = pool
         peak = max(x for x in (reserved, used, 0) if x is not None)
         share = peak / total
         if not best or share > best["memory_peak_share"]:
@@ -157,7 +175,9 @@ def _capacity_evidence(view: RunView) -> dict[str, Any]:
             }
             if reserved is not None:
                 best["reserved_peak_gib"] = reserved / GIB
-            if used is not None:
+            if pool is not None:
+                best["tf_pool_peak_gib"] = pool / GIB
+            elif used is not None:
                 best["memory_used_max_gib"] = used / GIB
     if not best:
         reserved_all = [s.reserved_peak_bytes for s in view.record.steps if s.reserved_peak_bytes]

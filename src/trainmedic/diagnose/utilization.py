@@ -17,6 +17,21 @@ from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
 
+TORCH_HOST_FIX = (
+    "Keep the GPU fed from the host: remove per-step synchronisations "
+    "(loss.item(), .cpu(), .numpy(), printing tensors, torch.cuda.synchronize()) "
+    "or do them every N steps; launch fewer, larger kernels with "
+    'torch.compile(model, mode="reduce-overhead") (CUDA graphs) and fused '
+    "optimizers (torch.optim.AdamW(..., fused=True)); raise the batch size."
+)
+TF_HOST_FIX = (
+    "Keep the GPU fed from the host: run several steps per call with "
+    "model.compile(..., steps_per_execution=32) and compile them with XLA "
+    "(jit_compile=True); in a custom loop, put the step in @tf.function(jit_compile=True) "
+    "and loop over several batches inside it; read losses and metrics (.numpy(), "
+    "float(loss), printing tensors) every N steps, not every step; raise the batch size."
+)
+
 
 def _idle_gpu(view: RunView, th: Thresholds) -> tuple[float, float] | None:
     """(busy share, unexplained idle share) when the job's GPU is under-used and the
@@ -93,9 +108,12 @@ def small_batch(view: RunView, th: Thresholds) -> list[Finding]:
             ),
             evidence=ev,
             fix=(
-                f"Give each step more work: DataLoader(batch_size={target}) (x{factor}), "
-                f"scaling the learning rate with it (linear for SGD, about sqrt for Adam) "
-                "with a short warm-up; or train several models/trials on this GPU at once."
+                "Give each step more work: "
+                + (f"dataset.batch({target})" if view.framework == "tensorflow"
+                   else f"DataLoader(batch_size={target})")
+                + f" (x{factor}), scaling the learning rate with it (linear for SGD, about "
+                "sqrt for Adam) with a short warm-up; or train several models/trials on "
+                "this GPU at once."
             ),
             impact=lost,
             subject=_subject(view),
@@ -120,13 +138,7 @@ def host_overhead(view: RunView, th: Thresholds) -> list[Finding]:
                 f"{wait:.0%}: host-side overhead, synchronisations or tiny kernels"
             ),
             evidence=_evidence(view, th, busy),
-            fix=(
-                "Keep the GPU fed from the host: remove per-step synchronisations "
-                "(loss.item(), .cpu(), .numpy(), printing tensors, torch.cuda.synchronize()) "
-                "or do them every N steps; launch fewer, larger kernels with "
-                'torch.compile(model, mode="reduce-overhead") (CUDA graphs) and fused '
-                "optimizers (torch.optim.AdamW(..., fused=True)); raise the batch size."
-            ),
+            fix=TF_HOST_FIX if view.framework == "tensorflow" else TORCH_HOST_FIX,
             impact=lost,
             subject=_subject(view),
         )

@@ -243,9 +243,55 @@ class RunView:
             return True
         if any(p.pid in self.pids for g in self.record.gpu for p in g.processes):
             return True
+        if self.tf_gpu:
+            return True
         if all(looks_unused(g) for g in self.record.gpu):
             return False
         return None
+
+    @cached_property
+    def tf_gpu(self) -> dict[int, dict[str, Any]]:
+        """TensorFlow's GPU settings and pool of each process that has them: the last
+        ``tf_gpu`` event's data by pid (:mod:`trainmedic.probe.tf_facts`)."""
+        found: dict[int, dict[str, Any]] = {}
+        for e in self.record.events:
+            if e.kind == "tf_gpu" and e.pid is not None and isinstance(e.data.get("gpus"), list):
+                found[e.pid] = dict(e.data)
+        return found
+
+    @cached_property
+    def tf_preallocates(self) -> bool:
+        """Whether a TensorFlow process took its GPUs' memory whole at start (memory
+        growth off and not forced on by ``TF_FORCE_GPU_ALLOW_GROWTH``): then the GPU's
+        memory in use is TensorFlow's pool, not what the job needs."""
+        return any(
+            not d.get("growth_env") and any(g.get("memory_growth") is False for g in d["gpus"])
+            for d in self.tf_gpu.values()
+        )
+
+    @cached_property
+    def tf_pool_peak_bytes(self) -> int | None:
+        """The most bytes TensorFlow's pool held at once on one GPU, over the job's
+        processes (``None``: not read)."""
+        peaks = [
+            int(g["peak_bytes"])
+            for d in self.tf_gpu.values()
+            for g in d["gpus"]
+            if isinstance(g.get("peak_bytes"), int)
+        ]
+        return max(peaks, default=None)
+
+    @cached_property
+    def framework(self) -> str:
+        """``tensorflow`` for a job the probe saw train with TensorFlow or Keras (a
+        ``tf.data`` pipeline, TensorFlow's GPU settings), else ``torch``: the words
+        of the fixes."""
+        tf_kinds = {"tf_gpu", "tfdata_pipeline", "tfdata_epochs"}
+        if self.tf_gpu or any(e.kind in tf_kinds for e in self.record.events):
+            return "tensorflow"
+        if any(lo.dataset_type == "tf.data" for lo in self.record.loaders):
+            return "tensorflow"
+        return "torch"
 
     @cached_property
     def job_gpu_indices(self) -> tuple[int, ...]:
@@ -288,7 +334,17 @@ class RunView:
 
     @cached_property
     def gpu_memory_used_share(self) -> float | None:
-        """Peak over the job's GPUs of mean memory used / total, 0..1."""
+        """Peak over the job's GPUs of mean memory used / total, 0..1; for TensorFlow
+        holding its GPUs whole (:attr:`tf_preallocates`), its pool's peak / total."""
+        if self.tf_preallocates and self.tf_pool_peak_bytes is not None:
+            totals = [
+                g.memory_total_bytes
+                for i in self.job_gpu_indices
+                for g in self.gpu_series(i)
+                if g.memory_total_bytes
+            ]
+            if totals:
+                return self.tf_pool_peak_bytes / max(totals)
         shares = []
         for i in self.job_gpu_indices:
             vals = [

@@ -263,6 +263,8 @@ class KerasSteps:
         self.multi_step_said = False
         self.per_call = 1
         """Steps a compiled call runs in the ``fit`` open (``steps_per_execution``)."""
+        self.jit_compile: bool | None = None
+        """Whether the model of the last ``fit`` compiles its step with XLA."""
 
     def mine(self) -> bool:
         """Whether the calling thread is the training thread (adopting it before any step)."""
@@ -281,6 +283,8 @@ class KerasSteps:
             self.per_call = max(1, int(spe))
         except (TypeError, ValueError):
             self.per_call = 1
+        jit = getattr(model, "jit_compile", getattr(model, "_jit_compile", None))
+        self.jit_compile = jit if isinstance(jit, bool) else None
 
     def batch_begin(self) -> None:
         self.begin = self.probe.clock()
@@ -306,6 +310,9 @@ class KerasSteps:
         elif stamp is not None:
             wait = stamp.step_wait(now - begin)
         stamped_step(self.tracker, begin, now, wait)
+        functions = probe.tf_functions
+        if functions is not None:
+            functions.after_step()
 
     def phase(self, name: str | None) -> None:
         """A phase begins (``name``) or ends (``None``)."""
@@ -587,6 +594,44 @@ class FunctionSteps:
         self.local = threading.local()
         """``stamp``: the stamp of the function this thread is calling (tracing) now;
         ``depth``: stamped iterator calls open (a strategy's nest its workers')."""
+        self.facts_next = 0
+        """Index in :data:`~trainmedic.probe.tf_facts.AT_STEPS` of the next reading."""
+
+    def after_step(self) -> None:
+        """A training step ended: at the step counts of
+        :data:`~trainmedic.probe.tf_facts.AT_STEPS`, the job's GPU settings and memory
+        are read and sent (a ``tf_gpu`` event); a job on no GPU is read once."""
+        from trainmedic.probe.tf_facts import AT_STEPS
+
+        n = self.tracker.train_steps
+        at = self.facts_next
+        if at >= len(AT_STEPS) or n < AT_STEPS[at]:
+            return
+        while at < len(AT_STEPS) and n >= AT_STEPS[at]:
+            at += 1
+        self.facts_next = at
+        self.send_facts()
+
+    def send_facts(self) -> None:
+        import sys
+
+        from trainmedic.probe.tf_facts import AT_STEPS, read
+
+        keras = self.probe.keras
+        facts = read(self.tf, dict(sys.modules), keras.jit_compile if keras else None)
+        if facts is None:
+            self.facts_next = len(AT_STEPS)
+            return
+        growth = [g.get("memory_growth") for g in facts["gpus"]]
+        peak = max((g.get("peak_bytes", 0) for g in facts["gpus"]), default=0)
+        probe = self.probe
+        probe.emit(probe.event(
+            "tf_gpu",
+            f"TensorFlow on {len(growth)} GPU(s): memory growth {growth}, pool peak "
+            f"{peak / 2**30:.2f} GiB, dtype policy {facts['dtype_policy']}, "
+            f"jit_compile {facts['jit_compile']}",
+            facts,
+        ))  # fmt: skip
 
     def traced(self) -> None:
         """A gradient or an optimizer step is being traced into a function."""
@@ -632,6 +677,7 @@ class FunctionSteps:
             if key in self.training:
                 now = clock()
                 stamped_step(self.tracker, begin, now, stamp.step_wait(now - begin))
+                self.after_step()
         except Exception as exc:
             self.part.fail(exc)
         return result
@@ -734,6 +780,9 @@ def _install_optimizer(cls: Any, method: str, tf: Any, steps: KerasSteps, probe:
             if mine:
                 try:
                     tracker.optimizer_exit(probe.clock(), self)
+                    functions = probe.tf_functions
+                    if functions is not None:
+                        functions.after_step()
                 except Exception as exc:
                     steps.part.fail(exc)
             return result
