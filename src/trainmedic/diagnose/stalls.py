@@ -98,6 +98,14 @@ _TEXT: dict[str, tuple[str, str]] = {
 
 
 _HOST_SIDE_CPU_ONLY = "on the host side (no data wait)"
+_TF_HOST_SIDE_FIX = (
+    "Look for work done every N steps in the loop: Python garbage collection "
+    "(gc.freeze() after setup), a callback that logs or reads tensors (.numpy(), "
+    "float(loss)) every N steps, a tf.function traced again (a new input shape or a "
+    "Python value as an argument: give it an input_signature), synchronous "
+    "model.save or checkpoint writes (tf.train.CheckpointManager in a callback: mark "
+    "it with a checkpoint phase, or save less often)."
+)
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,8 @@ def stalls(view: RunView, th: Thresholds) -> list[Finding]:
         what, fix = _TEXT[key]
         if key == "framework_config" and view.uses_gpu is False:
             what = _HOST_SIDE_CPU_ONLY  # no GPU to sit idle
+        if key == "framework_config" and view.framework == "tensorflow":
+            fix = _TF_HOST_SIDE_FIX
         ev: dict[str, Any] = {
             "stalls": len(group),
             "stall_steps": [st.step for st in group[:MAX_LISTED]],

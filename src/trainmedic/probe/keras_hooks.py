@@ -176,9 +176,14 @@ class ReadyStamp:
         """``[total wait (s), steps]``."""
         if self._var is None:
             tf = self._tf
+            # The class itself, not tf.Variable: tf.Variable goes through the variable
+            # creators of a distribution strategy's scope, which would make a mirrored
+            # variable (initialised by a broadcast across workers, updated on every
+            # replica). This one is this process's own counter, never synchronised.
+            plain = _resolve("tensorflow.python.ops.resource_variable_ops.ResourceVariable")
             with tf.init_scope(), tf.device("/CPU:0"):
-                self._var = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
-                                        name="trainmedic_batch_wait")  # fmt: skip
+                self._var = (plain or tf.Variable)(tf.zeros([2], tf.float64), trainable=False,
+                                                   name="trainmedic_batch_wait")  # fmt: skip
         return self._var
 
     def around(self, get_next: Callable[[], Any], failed: Callable[[Exception], None]) -> Any:
@@ -194,7 +199,9 @@ class ReadyStamp:
         with tf.control_dependencies([asked]):
             batch = get_next()
         try:
-            tensors = [t for t in tf.nest.flatten(batch) if isinstance(t, tf.Tensor)]
+            # A strategy's batch is a PerReplica (a composite): its tensors are inside.
+            flat = tf.nest.flatten(batch, expand_composites=True)
+            tensors = [t for t in flat if isinstance(t, tf.Tensor)]
             with tf.control_dependencies(tensors):
                 ready = tf.timestamp()
             totals.assign_add(tf.stack([ready - asked, tf.constant(1.0, tf.float64)]))
@@ -564,12 +571,17 @@ def _install_pipelines(base: type, method: str, part: Part, probe: Probe) -> Non
 
 
 ITERATORS = (
-    "tensorflow.python.data.ops.iterator_ops.OwnedIterator",
-    "tensorflow.python.distribute.input_lib.DistributedIteratorBase",
-)
-"""The iterators whose ``get_next`` a compiled step traces: a plain pipeline's, and a
-distribution strategy's (which calls its workers' iterators inside: the outermost call
-is stamped)."""
+    ("tensorflow.python.data.ops.iterator_ops.OwnedIterator", ("get_next",)),
+    ("tensorflow.python.distribute.input_lib._SingleWorkerDatasetIteratorBase",
+     ("get_next_as_list", "get_next_as_optional_list")),
+)  # fmt: skip
+"""The iterators whose batch a compiled step traces, and the methods that take it: a
+plain pipeline's, and each input worker's of a distribution strategy. A strategy's own
+iterator (:data:`STRATEGY_ITERATOR`) is stamped only where the per-worker one is not
+found: its ``get_next`` also counts, across workers, the replicas that still have data
+(a collective), so around it every worker would wait as long as the slowest one."""
+STRATEGY_ITERATOR = ("tensorflow.python.distribute.input_lib.DistributedIteratorBase",
+                     ("get_next",))  # fmt: skip
 
 
 class FunctionSteps:
@@ -727,16 +739,24 @@ def _install_traced_next(tf: Any, functions: FunctionSteps, probe: Probe) -> Non
     eagerly = tf.executing_eagerly
 
     def make(original: Any) -> Any:
-        def get_next(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def taken(self: Any, *args: Any, **kwargs: Any) -> Any:
             if eagerly():
                 return original(self, *args, **kwargs)
             return functions.traced_batch(lambda: original(self, *args, **kwargs))
 
-        return get_next
+        return taken
 
-    for path in ITERATORS:
+    worker_found = False
+    for path, methods in ITERATORS:
         cls = _resolve(path)
-        if cls is not None and hasattr(cls, "get_next"):
+        for method in methods:
+            if cls is not None and method in cls.__dict__:
+                _patch(cls, method, make, probe)
+                worker_found = worker_found or "SingleWorker" in path
+    if not worker_found:
+        path, methods = STRATEGY_ITERATOR
+        cls = _resolve(path)
+        if cls is not None and "get_next" in cls.__dict__:
             _patch(cls, "get_next", make, probe)
 
 

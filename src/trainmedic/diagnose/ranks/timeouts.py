@@ -61,7 +61,9 @@ def collective_timeout(
                 f"gloo {GLOO_DEFAULT_TIMEOUT_S:.0f} s by default)"
             ),
             evidence={k: v for k, v in ev.items() if v is not None},
-            fix=(
+            fix=_tf_fix(seconds, rt.timeout_factor, bound)
+            if view.framework == "tensorflow"
+            else (
                 f"dist.init_process_group(backend, timeout=datetime.timedelta(seconds={seconds}))"
                 f" — {rt.timeout_factor:g}× the longest step or phase seen, so a slow checkpoint "
                 "or evaluation never times out, while a real hang ends the processes instead of "
@@ -76,3 +78,17 @@ def collective_timeout(
             subject="process_group",
         )
     ]
+
+
+def _tf_fix(seconds: int, factor: float, bound: float) -> str:
+    """The same settings for TensorFlow's collectives (MultiWorkerMirroredStrategy)."""
+    return (
+        "tf.distribute.MultiWorkerMirroredStrategy(communication_options="
+        f"tf.distribute.experimental.CommunicationOptions(timeout_seconds={seconds})) — "
+        f"{factor:g}× the longest step or phase seen, so a slow checkpoint or evaluation "
+        "never times out, while a collective that waits for a lost worker fails instead "
+        "of waiting for ever (TensorFlow's default). trainmedic's watchdog stops a hung "
+        "group after about "
+        f"{bound:.0f} s here (--timeout-floor sets its minimum), with every rank's "
+        "stacks, and restarts it; BackupAndRestore resumes it."
+    )
