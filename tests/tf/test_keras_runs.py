@@ -102,6 +102,9 @@ def test_a_custom_gradient_tape_loop_has_steps_compute_and_data_wait(tmp_path: P
     assert measured / sum(s["d"] for s in steady) > 0.8
     pipelines = [e for e in r["events"] if e["kind"] == "tfdata_pipeline"]
     assert pipelines and pipelines[0]["data"]["serial_maps"] == 1
+    # CheckpointManager.save every 20 steps is the checkpoint phase, out of the steps.
+    assert len([s for s in r["steps"] if s.get("ph") == "checkpoint"]) == 4
+    assert (tmp_path / "ckpt" / "checkpoint").is_file()
 
 
 @pytest.mark.parametrize(

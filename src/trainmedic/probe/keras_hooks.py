@@ -774,6 +774,43 @@ def _wrap_phase(cls: Any, name: str, phase: str, steps: KerasSteps, probe: Probe
     _patch(cls, name, make, probe)
 
 
+def _install_checkpoint_manager(probe: Probe) -> None:
+    """``tf.train.CheckpointManager.save`` (custom loops' checkpoints) as the
+    ``checkpoint`` phase, when the training thread calls it outside another phase
+    (BackupAndRestore's save, already one, may call it inside)."""
+    cls = _resolve("tensorflow.python.checkpoint.checkpoint_management.CheckpointManager")
+    if not isinstance(cls, type) or "save" not in cls.__dict__:
+        return
+    from trainmedic.probe.steps import TRAIN
+
+    part = probe.parts["keras"]
+    tracker = probe.ensure_tracker()
+    state = probe.state
+    clock = probe.clock
+
+    def make(original: Any) -> Any:
+        def save(self: Any, *args: Any, **kwargs: Any) -> Any:
+            entered = False
+            try:
+                if part.on and _get_ident() == state.training_ident and tracker.phase == TRAIN:
+                    tracker.phase_enter(clock(), "checkpoint")
+                    entered = True
+            except Exception as exc:
+                part.fail(exc)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if entered:
+                    try:
+                        tracker.phase_exit(clock())
+                    except Exception as exc:
+                        part.fail(exc)
+
+        return save
+
+    _patch(cls, "save", make, probe)
+
+
 def _install_optimizer(cls: Any, method: str, tf: Any, steps: KerasSteps, probe: Probe) -> None:
     tracker = steps.tracker
     eagerly = tf.executing_eagerly
@@ -911,6 +948,7 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
 
     _patch(owned, "__next__", make, probe)
     _install_traced_next(tf, functions, probe)
+    _install_checkpoint_manager(probe)
     tape = _resolve("tensorflow.python.eager.backprop.GradientTape")
     if tape is not None:
         _install_compute(tape, "gradient", "backward", tf, None, probe, functions.traced)

@@ -12,7 +12,8 @@ Modes:
   over several epochs: the same work is redone every epoch.
 * ``healthy``: in-memory tensors, cached, batched, prefetched: compute-bound.
 * ``custom``: a custom loop, ``tf.GradientTape`` and ``optimizer.apply_gradients``
-  run eagerly, over a pipeline whose batches arrive slowly.
+  run eagerly, over a pipeline whose batches arrive slowly; a
+  ``tf.train.CheckpointManager`` saves every 20 steps (and is restored from at start).
 * ``function-step``: a custom loop whose step is a ``tf.function`` (tape, gradient and
   ``apply_gradients`` traced into it), called on each batch of a pipeline iterated
   eagerly, whose batches arrive slowly.
@@ -144,6 +145,9 @@ def main():
         ds = tf.data.Dataset.from_tensor_slices((x, y)).map(heavy).batch(args.batch)
         opt = keras.optimizers.Adam(1e-3)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        ckpt = tf.train.Checkpoint(model=m, optimizer=opt)
+        manager = tf.train.CheckpointManager(ckpt, str(args.out / "ckpt"), max_to_keep=2)
+        ckpt.restore(manager.latest_checkpoint)
         step = 0
         for _ in range(args.epochs):
             for xb, yb in ds:
@@ -154,6 +158,8 @@ def main():
                 step += 1
                 if step % 10 == 0:
                     print(f"step {step} loss {float(loss):.3f}", flush=True)
+                if step % 20 == 0:
+                    manager.save()
     elif args.mode in ("function-step", "function-iter"):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).map(heavy).batch(args.batch)
         opt = keras.optimizers.Adam(1e-3)
