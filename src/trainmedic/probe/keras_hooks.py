@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainmedic.probe.tf_facts import AT_STEPS
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -613,12 +615,10 @@ class FunctionSteps:
         """A training step ended: at the step counts of
         :data:`~trainmedic.probe.tf_facts.AT_STEPS`, the job's GPU settings and memory
         are read and sent (a ``tf_gpu`` event); a job on no GPU is read once."""
-        from trainmedic.probe.tf_facts import AT_STEPS
-
-        n = self.tracker.train_steps
         at = self.facts_next
-        if at >= len(AT_STEPS) or n < AT_STEPS[at]:
+        if at >= len(AT_STEPS) or self.tracker.train_steps < AT_STEPS[at]:
             return
+        n = self.tracker.train_steps
         while at < len(AT_STEPS) and n >= AT_STEPS[at]:
             at += 1
         self.facts_next = at
@@ -627,7 +627,7 @@ class FunctionSteps:
     def send_facts(self) -> None:
         import sys
 
-        from trainmedic.probe.tf_facts import AT_STEPS, read
+        from trainmedic.probe.tf_facts import read
 
         keras = self.probe.keras
         facts = read(self.tf, dict(sys.modules), keras.jit_compile if keras else None)
