@@ -543,7 +543,7 @@ class Pipelines:
 
 def pipelines(probe: Probe) -> Pipelines:
     """The probe's :class:`Pipelines` (one per process)."""
-    found = getattr(probe, "tf_pipelines", None)
+    found = probe.tf_pipelines
     if found is None:
         found = Pipelines(probe)
         probe.tf_pipelines = found
