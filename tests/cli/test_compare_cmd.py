@@ -64,13 +64,14 @@ def test_json_to_stdout_and_html_to_a_file(
     code, out, err = run_cli(capsys, "compare", str(a), str(b), "--json", "--html", str(page))
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["verdict"] == "no_change"  # the same configuration twice
+    # The same configuration twice: one pair cannot tell 3 % from run-to-run noise.
+    assert doc["verdict"] == "inconclusive" and "runs a side" in doc["reasons"][0]
     lo, hi = doc["speedup_ci"]
     assert lo < 1.0 < hi and lo < doc["speedup"] < hi
     assert doc["before"]["run"] == "before" and doc["after"]["run"] == "after"
     assert f"html written to {page}" in err
     text = page.read_text()
-    assert "no significant change" in text and "Side by side" in text
+    assert "inconclusive" in text and "Inconclusive because" in text and "Side by side" in text
     assert 'id="plot-0"' in text
 
 
@@ -129,4 +130,54 @@ def test_outputs_never_go_into_a_run_directory(
     )
     assert code == 2 and "does not exist" in err
     code, _, err = run_cli(capsys, "compare", str(a))
-    assert code == 2 and "Missing argument" in err
+    assert code == 2 and "give two run directories" in err
+
+
+@pytest.mark.parametrize("separator", ["--", ":::"])
+def test_repeated_runs_of_each_side(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, separator: str
+) -> None:
+    before = [str(make_run(tmp_path / f"a{i}", 0.1, seed=i)) for i in range(3)]
+    after = [str(make_run(tmp_path / f"b{i}", 0.05, seed=10 + i)) for i in range(3)]
+    code, out, err = run_cli(capsys, "compare", *before, separator, *after, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["verdict"] == "faster" and doc["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert [r["run"] for r in doc["runs"]["before"]] == ["a0", "a1", "a2"]
+    assert [r["run"] for r in doc["runs"]["after"]] == ["b0", "b1", "b2"]
+    # The run-to-run floor narrows with the runs: 1.96 * 0.04 * sqrt(2/3) = 6.4 % a side.
+    lo, hi = doc["speedup_ci"]
+    assert hi / doc["speedup"] == pytest.approx(1.066, abs=0.01)
+    code, out, _ = run_cli(capsys, "compare", *before, "--", *after)
+    assert code == 0 and "before: a0, a1, a2" in out and "after:  b0, b1, b2" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["a0"], "give two run directories"),
+        (["a0", "a1", "b0"], "(3 given)"),
+        (["a0", "--", "b0", ":::", "b1"], "one ::: (or --) between the two sides"),
+        (["--", "b0"], "each side needs at least one run directory"),
+        (["a0", "--", "a0"], "a0 is given more than once"),
+    ],
+)
+def test_sides_given_wrongly_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], message: str
+) -> None:
+    for name in ("a0", "a1", "b0", "b1"):
+        make_run(tmp_path / name, 0.1)
+    paths = [a if a in ("--", ":::") else str(tmp_path / a) for a in args]
+    code, out, err = run_cli(capsys, "compare", *paths)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+
+
+def test_the_run_noise_floor_is_the_users_to_set(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a = make_run(tmp_path / "before", 0.1)
+    b = make_run(tmp_path / "after", 0.1, seed=1)
+    code, out, _ = run_cli(capsys, "compare", str(a), str(b), "--json", "--run-noise", "0")
+    assert code == 0 and json.loads(out)["run_noise"] == 0.0
+    code, _, err = run_cli(capsys, "compare", str(a), str(b), "--run-noise", "2")
+    assert code == 2 and "--run-noise" in err

@@ -1,6 +1,8 @@
 """``trainmedic compare RUN_A RUN_B``: did a change make training faster, beyond noise?
 
-RUN_A is the run before the change, RUN_B the run after. The comparison
+RUN_A is the run before the change, RUN_B the run after; repeated runs of each side
+are given as ``RUN_A1 RUN_A2 ... -- RUN_B1 RUN_B2 ...`` (or ``:::`` between the
+sides). The comparison
 itself is :mod:`trainmedic.report.compare` (pure); this command loads the two
 records and their findings, prints the comparison and writes ``--json`` /
 ``--html`` where asked. Bad input (a missing directory, one that is not a run,
@@ -21,10 +23,44 @@ from trainmedic.cli.options import json_option
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
 
+SEPARATOR = ":::"
 
-@click.command("compare")
-@click.argument("before", metavar="RUN_A")
-@click.argument("after", metavar="RUN_B")
+
+class _SidesCommand(click.Command):
+    """``--`` between the run directories separates the sides, as ``:::`` does (click
+    would otherwise drop it as the end of the options)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            args = [*args[:i], SEPARATOR, *args[i + 1 :]]
+        return super().parse_args(ctx, args)
+
+
+def split_sides(runs: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The run directories before and after the change: ``A B``, or ``A1 A2 ::: B1 B2``."""
+    if SEPARATOR in runs:
+        i = runs.index(SEPARATOR)
+        before, after = list(runs[:i]), list(runs[i + 1 :])
+        if SEPARATOR in after:
+            raise UsageError(f"compare: one {SEPARATOR} (or --) between the two sides, not more")
+    elif len(runs) == 2:
+        before, after = [runs[0]], [runs[1]]
+    else:
+        raise UsageError(
+            "compare: give two run directories (before, after), or repeated runs of each "
+            f"side as RUN_A1 RUN_A2 ... -- RUN_B1 RUN_B2 ... ({len(runs)} given)"
+        )
+    if not before or not after:
+        raise UsageError("compare: each side needs at least one run directory")
+    repeated = {r for r in before + after if (before + after).count(r) > 1}
+    if repeated:
+        raise UsageError(f"compare: {sorted(repeated)[0]} is given more than once")
+    return before, after
+
+
+@click.command("compare", cls=_SidesCommand)
+@click.argument("runs", nargs=-1, metavar="RUN_A RUN_B | RUN_A1 ... -- RUN_B1 ...")
 @json_option("the comparison")
 @click.option("--html", "html_out", metavar="FILE", help="Write the comparison as an HTML page.")
 @click.option(
@@ -45,38 +81,52 @@ from trainmedic.errors import InputError, UsageError
     show_default=True,
     help="Confidence of the interval of the throughput ratio.",
 )
+@click.option(
+    "--run-noise",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    metavar="FRACTION",
+    help="Run-to-run noise of an unchanged job's throughput on this machine (log standard "
+    "deviation; default 0.04, measured as docs/compare.md says): the interval is never "
+    "narrower than it allows.",
+)
 def compare(
-    before: str,
-    after: str,
+    runs: tuple[str, ...],
     json_out: str | None,
     html_out: str | None,
     force: bool,
     min_effect: float,
     confidence: float,
+    run_noise: float | None,
 ) -> int:
-    """Compare the run RUN_B (after a change) with RUN_A (before it): throughput with its
-    confidence interval and a verdict (faster, slower, no_change), step-time breakdown,
-    data wait, GPU use, and the findings resolved, still present or new."""
+    """Compare runs after a change (RUN_B) with runs before it (RUN_A): throughput with its
+    confidence interval and a verdict (faster, slower, no_change, inconclusive with the
+    reasons), step-time breakdown, data wait, GPU use, and the findings resolved, still
+    present or new. Repeated runs of each side, separated by --, fold the run-to-run
+    noise into the interval."""
     from trainmedic.record.store import load_run_record
-    from trainmedic.report.compare import compare_runs
+    from trainmedic.report.compare import RUN_NOISE, compare_groups
     from trainmedic.report.compare_view import render_comparison, render_comparison_html
     from trainmedic.report.run_findings import load_or_diagnose
 
-    dirs = (Path(before), Path(after))
+    before, after = split_sides(runs)
+    dirs = tuple(Path(d) for d in before + after)
     for flag, value in (("--json", json_out), ("--html", html_out)):
         if value not in (None, "-"):
             _outside_runs(flag, value, dirs)
     outputs = check_outputs({"--json": json_out, "--html": html_out}, force=force)
     records = [load_run_record(d) for d in dirs]
     documents = [load_or_diagnose(d, r) for d, r in zip(dirs, records, strict=True)]
-    comparison = compare_runs(
-        records[0],
-        records[1],
-        documents[0].findings,
-        documents[1].findings,
-        names=(_name(dirs[0]), _name(dirs[1])),
+    n = len(before)
+    comparison = compare_groups(
+        records[:n],
+        records[n:],
+        [d.findings for d in documents[:n]],
+        [d.findings for d in documents[n:]],
+        names=([_name(d) for d in dirs[:n]], [_name(d) for d in dirs[n:]]),
         min_effect=min_effect,
         confidence=confidence,
+        run_noise=RUN_NOISE if run_noise is None else run_noise,
     )
     if json_out == "-":
         sys.stdout.write(json.dumps(comparison.to_dict(), indent=2) + "\n")
@@ -87,7 +137,7 @@ def compare(
         write_output(outputs["--json"], lambda f: f.write(data))
         click.echo(f"json written to {json_out}", err=True)
     if "--html" in outputs:
-        page = render_comparison_html(comparison, records[0], records[1])
+        page = render_comparison_html(comparison, records[:n], records[n:])
         write_output(outputs["--html"], lambda f: f.write(page))
         click.echo(f"html written to {html_out}", err=True)
     return 0
@@ -97,7 +147,7 @@ def _name(directory: Path) -> str:
     return directory.resolve().name or str(directory)
 
 
-def _outside_runs(flag: str, value: str, run_dirs: tuple[Path, Path]) -> None:
+def _outside_runs(flag: str, value: str, run_dirs: tuple[Path, ...]) -> None:
     """Refuse an output inside either run directory: a comparison is about them,
     never part of their record."""
     if not value:

@@ -156,8 +156,11 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
         fix = (
             "Raise the container's CPU limit (docker run --cpus, the pod's "
             "resources.limits.cpu), or use fewer threads than the quota allows "
-            f"(torch.set_num_threads({_cores_str(cores)}), fewer DataLoader workers) so the "
-            "quota is not spent early in each period."
+            + ("(tf.config.threading.set_intra_op_parallelism_threads("
+               f"{max(1, int(cores)) if cores else 'N'})"
+               if view.framework == "tensorflow"
+               else f"(torch.set_num_threads({_cores_str(cores)}), fewer DataLoader workers")
+            + ") so the quota is not spent early in each period."
         )
     elif cpu.steal_pct is not None and cpu.steal_pct >= th.steal_high_pct:
         key, category = "contention.steal", Category.CONTENTION
@@ -175,11 +178,20 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
         title = f"The job keeps {runnable:.1f} threads busy on {_cores_str(cores)} cores: {lost}"
         workers = view.num_workers or 0
         threads = max(1, int(cores) - workers)
-        fix = (
-            "Run no more busy threads than cores: torch.set_num_threads("
-            f"{threads}) (or OMP_NUM_THREADS={threads}) in the training process, leaving "
-            "cores to the DataLoader workers, which use one thread each."
-        )
+        if view.framework == "tensorflow":
+            fix = (
+                "Run no more busy threads than cores: "
+                f"tf.config.threading.set_intra_op_parallelism_threads({threads}) and "
+                "set_inter_op_parallelism_threads(1) before the first op (or "
+                f"OMP_NUM_THREADS={threads}), and num_parallel_calls=tf.data.AUTOTUNE "
+                "rather than a fixed count above the cores in the tf.data pipeline."
+            )
+        else:
+            fix = (
+                "Run no more busy threads than cores: torch.set_num_threads("
+                f"{threads}) (or OMP_NUM_THREADS={threads}) in the training process, "
+                "leaving cores to the DataLoader workers, which use one thread each."
+            )
     elif others >= th.others_min_cores:
         key, category = "contention.cpu", Category.CONTENTION
         title = f"Other processes use {others:.1f} of the job's {_cores_str(cores)} cores: {lost}"

@@ -1,33 +1,39 @@
 """Before and after: did a change make training faster, and is the difference more than noise?
 
-Pure functions of two run records and their findings. The throughput of each
-run comes from its steady steps (warm-up dropped, :mod:`trainmedic.record.stats`):
-samples per second when both runs know their batch, else steps per second,
+Pure functions of run records and their findings. The throughput of each run
+comes from its steady steps (warm-up dropped, :mod:`trainmedic.record.stats`):
+samples per second when every run knows its batch, else steps per second,
 times the training processes that step side by side.
 
-**Is it real?** Step times are not independent draws: a load episode on the
-machine, a throttled GPU or a slow stretch of storage slows many consecutive
-steps. So each run is cut into :data:`BLOCKS` consecutive blocks of steps and
-the blocks are resampled with replacement (a block bootstrap): the spread of
-the resampled throughput ratio after/before gives a confidence interval that
-includes the slow drifts within each run, not only step-to-step jitter. The
-verdict is ``faster`` only when the whole interval lies above
-``1 + min_effect``, ``slower`` when it lies below ``1 - min_effect``, and
-``no_change`` otherwise: a difference the runs cannot tell from their own
-variation, or too small to matter, is never called an improvement. A rerun of
-the same configuration is ``no_change``.
+**Is it real?** Noise has two levels. Within a run, step times are not
+independent draws (a load episode slows many consecutive steps), so each run is
+cut into :data:`BLOCKS` consecutive blocks of steps that are resampled with
+replacement. Between runs, what the blocks cannot see differs: page cache, memory
+layout, the machine's other tenants. With several runs a side (``compare A1 A2
+::: B1 B2``) the bootstrap has two levels: runs, then blocks within each chosen
+run. However many runs there are, the interval is at least as wide as the
+run-to-run noise measured on an unchanged job (:data:`RUN_NOISE`,
+docs/compare.md) allows: a single pair cannot be more certain than that.
 
-**What else changed.** The machine can change between runs (another job, a
-hot GPU): when the training thread's wait for a CPU, others' CPU or the GPU's
-clocks differ noticeably, a note says so beside the verdict.
+**The verdict.** ``faster`` when the whole interval lies above
+``1 + min_effect``, ``slower`` when below ``1 - min_effect``, ``no_change``
+when it lies within ``1 ± min_effect``; otherwise ``inconclusive``, with how
+much more evidence would decide it. Also ``inconclusive``, with ``reasons``
+in words and numbers: too few steady steps, a run still warming up, and a
+**confounder** that differs between the runs enough to explain the measured
+change (other processes' CPU, the training thread's wait for a CPU, steal,
+the cgroup's throttling, the GPU's clocks, other processes on the GPU, another
+host or GPU model). What the user changed on purpose (the command, torch's
+version) is listed, not held against the verdict.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +45,19 @@ from trainmedic.record.types import RunRecord
 BLOCKS = 20
 """Blocks each run is cut into for the bootstrap (fewer when a run is short)."""
 MIN_STEPS = 20
-"""Fewer steady steps than this in either run and no verdict but ``no_change``."""
+"""Fewer steady steps than this in a run and the verdict is ``inconclusive``."""
+RUN_NOISE = 0.04
+"""Run-to-run noise of an unchanged job's throughput: the standard deviation of the
+log of a run's rate, measured on the project's 2-core machine
+(``benchmarks/compare_reruns.py``, docs/compare.md). The interval is never narrower
+than this allows for the runs compared."""
+WARMUP_TREND = 0.15
+"""A run whose second half of steady steps ran this much faster (or slower) than its
+first was still warming up (or slowing down): its rate is no one figure."""
+CONFOUNDER_MIN = {"others_cores": 0.25, "wait": 0.05, "steal": 5.0, "throttled": 0.05,
+                  "clock": 0.05}  # fmt: skip
+"""How much a confounder must differ between the sides to be weighed at all: others'
+CPU in cores, shares of time, steal in percent, the GPU's clock as a fraction."""
 RESAMPLES = 4000
 CONFIDENCE = 0.95
 MIN_EFFECT = 0.03
@@ -49,7 +67,7 @@ LOAD_CHANGE = 0.05
 OTHERS_MIN_CORES = 0.5
 """Others' CPU from which the training thread's waits are theirs (diagnosis's value)."""
 
-VERDICTS = ("faster", "slower", "no_change")
+VERDICTS = ("faster", "slower", "no_change", "inconclusive")
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,15 @@ class RunFacts:
     others_cpu_cores: float | None
     gpu_sm_clock_mhz: float | None
     gpu_memory_used_max_gib: float | None
+    usable_cores: float | None = None
+    steal_pct: float | None = None
+    throttled_share: float | None = None
+    foreign_gpu_processes: int = 0
+    host: str | None = None
+    gpu_models: tuple[str, ...] = ()
+    torch_version: str | None = None
+    halves: tuple[float, float] | None = None
+    """The rate of the first and of the second half of the steady blocks."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +126,7 @@ class Comparison:
     Attributes:
         speedup: after / before throughput (``None``: a run has no steady steps).
         speedup_ci: its confidence interval, (low, high).
-        verdict: ``faster``, ``slower`` or ``no_change``.
+        verdict: ``faster``, ``slower``, ``no_change`` or ``inconclusive`` (``reasons``).
         adjusted_speedup / adjusted_ci: when other processes took a different share
             of the training thread's time in the two runs, the ratio and interval
             without those waits, which the verdict is judged on; else ``None``.
@@ -123,6 +150,11 @@ class Comparison:
     still_present: tuple[FindingChange, ...] = ()
     new: tuple[FindingChange, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    reasons: tuple[str, ...] = ()
+    """Why the verdict is ``inconclusive``, each in words and numbers."""
+    before_runs: tuple[RunFacts, ...] = ()
+    after_runs: tuple[RunFacts, ...] = ()
+    run_noise: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``trainmedic compare --json``)."""
@@ -153,6 +185,12 @@ class Comparison:
             "schema_version": 1,
             "before": side(self.before),
             "after": side(self.after),
+            "runs": {
+                "before": [side(r) for r in self.before_runs or (self.before,)],
+                "after": [side(r) for r in self.after_runs or (self.after,)],
+            },
+            "reasons": list(self.reasons),
+            "run_noise": self.run_noise,
             "metric": self.metric,
             "speedup": _round(self.speedup),
             "speedup_ci": None if self.speedup_ci is None else [_round(v) for v in self.speedup_ci],
@@ -188,31 +226,67 @@ def compare_runs(
     confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
     seed: int = 0,
+    run_noise: float = RUN_NOISE,
 ) -> Comparison:
     """Compare two runs (see the module docstring). ``seed`` makes the interval repeatable."""
-    vb, va = RunView.of(before), RunView.of(after)
-    samples = _samples_known(vb) and _samples_known(va)
-    b = _facts(vb, names[0] if names else before.meta.run_id, samples)
-    a = _facts(va, names[1] if names else after.meta.run_id, samples)
+    return compare_groups(
+        [before], [after], [findings_before], [findings_after],
+        names=([names[0]], [names[1]]) if names else None, min_effect=min_effect,
+        confidence=confidence, resamples=resamples, seed=seed, run_noise=run_noise,
+    )  # fmt: skip
+
+
+def compare_groups(
+    befores: Sequence[RunRecord],
+    afters: Sequence[RunRecord],
+    findings_before: Sequence[Sequence[Finding]],
+    findings_after: Sequence[Sequence[Finding]],
+    *,
+    names: tuple[Sequence[str], Sequence[str]] | None = None,
+    min_effect: float = MIN_EFFECT,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    run_noise: float = RUN_NOISE,
+) -> Comparison:
+    """Compare repeated runs before a change with repeated runs after it (one or more
+    each; see the module docstring)."""
+    if not befores or not afters:
+        raise ValueError("each side needs at least one run")
+    views_b = [RunView.of(r) for r in befores]
+    views_a = [RunView.of(r) for r in afters]
+    samples = all(_samples_known(v) for v in (*views_b, *views_a))
+    nb = names[0] if names else [r.meta.run_id for r in befores]
+    na = names[1] if names else [r.meta.run_id for r in afters]
+    runs_b = tuple(_facts(v, n, samples) for v, n in zip(views_b, nb, strict=True))
+    runs_a = tuple(_facts(v, n, samples) for v, n in zip(views_a, na, strict=True))
+    b, a = _merge(runs_b), _merge(runs_a)
     metric = "samples_per_s" if samples else "steps_per_s"
     notes: list[str] = []
+    reasons: list[str] = []
     speedup = ci = None
     adjusted: tuple[float, tuple[float, float]] | None = None
     verdict = "no_change"
     if b.rate and a.rate:
         speedup = a.rate / b.rate
-    if b.steady_steps < MIN_STEPS or a.steady_steps < MIN_STEPS:
-        notes.append(
-            f"too few steady steps to judge ({b.steady_steps} before, {a.steady_steps} after; "
-            f"at least {MIN_STEPS} each)"
+    short = [r for r in (*runs_b, *runs_a) if r.steady_steps < MIN_STEPS]
+    if short:
+        reasons.append(
+            "too little evidence: "
+            + ", ".join(f"{r.name} has {r.steady_steps} steady steps" for r in short)
+            + f"; at least {MIN_STEPS} each are needed (run longer: the first steps are "
+            "warm-up and are not counted)"
         )
+        verdict = "inconclusive"
     elif speedup is not None:
-        ci = _bootstrap_ratio(b, a, resamples, confidence, random.Random(seed))
+        rng = random.Random(seed)
+        ci = _widened(_bootstrap_groups(runs_b, runs_a, resamples, confidence, rng),
+                      speedup, len(runs_b), len(runs_a), run_noise, confidence)  # fmt: skip
         judged = ci
         factor = (1.0 - b.others_wait_share) / (1.0 - a.others_wait_share)
         if abs(a.others_wait_share - b.others_wait_share) >= LOAD_CHANGE:
             # Other processes took more (or less) of the training thread's time in one
-            # run: judge the configurations on what each run did while it had a CPU.
+            # side: judge the configurations on what each did while it had a CPU.
             judged = (ci[0] * factor, ci[1] * factor)
             adjusted = (speedup * factor, judged)
             notes.append(
@@ -221,18 +295,22 @@ def compare_runs(
                 f"{a.others_wait_share:.0%} after): {adjusted[0]:.2f}x, interval "
                 f"{judged[0]:.2f}x-{judged[1]:.2f}x"
             )
-        if judged[0] > 1.0 + min_effect:
-            verdict = "faster"
-        elif judged[1] < 1.0 - min_effect:
-            verdict = "slower"
-    if not samples:
-        sb, sa = vb.summary.samples_per_step_mean, va.summary.samples_per_step_mean
-        if sb is None or sa is None:
-            notes.append("samples per step unknown in a run: throughput compared in steps/s")
-    notes += _machine_notes(b, a)
+        verdict = _verdict(judged, min_effect)
+        if verdict == "inconclusive":
+            reasons.append(_more_evidence(judged, min_effect, runs_b, runs_a))
+        reasons += _warming_up(runs_b, runs_a)
+        if verdict in ("faster", "slower"):
+            reasons += _confounders(b, a, judged, min_effect, verdict)
+        if reasons:
+            verdict = "inconclusive"
+    if not samples and any(v.summary.samples_per_step_mean is None for v in (*views_b, *views_a)):
+        notes.append("samples per step unknown in a run: throughput compared in steps/s")
+    notes += _machine_notes(b, a) + _changes(runs_b, runs_a)
     median_b, median_a = b.summary.step_time_median_s, a.summary.step_time_median_s
     median_ratio = median_a / median_b if median_a and median_b else None
-    resolved, still, new = _finding_changes(findings_before, findings_after)
+    resolved, still, new = _finding_changes(
+        [f for fs in findings_before for f in fs], [f for fs in findings_after for f in fs]
+    )
     return Comparison(
         before=b,
         after=a,
@@ -243,14 +321,147 @@ def compare_runs(
         confidence=confidence,
         min_effect=min_effect,
         step_time_median_ratio=median_ratio,
-        rows=_rows(b, a),
+        rows=_rows(runs_b, runs_a),
         adjusted_speedup=adjusted[0] if adjusted else None,
         adjusted_ci=adjusted[1] if adjusted else None,
         resolved=resolved,
         still_present=still,
         new=new,
         notes=tuple(notes),
+        reasons=tuple(reasons),
+        before_runs=runs_b,
+        after_runs=runs_a,
+        run_noise=run_noise,
     )
+
+
+def _verdict(interval: tuple[float, float], min_effect: float) -> str:
+    lo, hi = interval
+    if lo > 1.0 + min_effect:
+        return "faster"
+    if hi < 1.0 - min_effect:
+        return "slower"
+    if lo >= 1.0 - min_effect and hi <= 1.0 + min_effect:
+        return "no_change"
+    return "inconclusive"
+
+
+def _more_evidence(
+    interval: tuple[float, float], min_effect: float, b: Sequence[RunFacts],
+    a: Sequence[RunFacts],
+) -> str:  # fmt: skip
+    """What would decide an interval that straddles the ``±min_effect`` band. The
+    interval narrows with the square root of the runs a side (and, within a run's
+    noise, of its steps): the factor is how much narrower it must get."""
+    lo, hi = interval
+    half = (math.log(hi) - math.log(lo)) / 2.0
+    centre = (math.log(hi) + math.log(lo)) / 2.0
+    band = math.log(1.0 + min_effect)
+    # Narrow enough to fall inside the band, or to clear it on the side it leans to.
+    room = max(band - abs(centre), abs(centre) - band, 1e-3)
+    factor = min(100.0, (half / room) ** 2)
+    runs = max(len(b), len(a))
+    more = max(runs + 1, math.ceil(runs * factor))
+    return (
+        f"the interval {lo:.2f}x-{hi:.2f}x is too wide to tell a change of "
+        f"{min_effect:.0%} from none: about {more} runs a side "
+        f"(trainmedic bench --runs {more}) would decide it"
+    )
+
+
+def _warming_up(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[str]:
+    out = []
+    for r in (*b, *a):
+        if r.halves is None or min(r.halves) <= 0:
+            continue
+        first, second = r.halves
+        if abs(second / first - 1.0) >= WARMUP_TREND:
+            how = "speeding up" if second > first else "slowing down"
+            out.append(
+                f"{r.name} was still {how}: its second half of steady steps ran "
+                f"{second / first:.2f}x the rate of its first (run longer, or the rate "
+                "is no one figure)"
+            )
+    return out
+
+
+def _confounders(
+    b: RunFacts, a: RunFacts, judged: tuple[float, float], min_effect: float, verdict: str
+) -> list[str]:
+    """What differs between the sides enough to explain the measured change: each as
+    (the largest slow-down it could cause, in words). It explains the change when the
+    verdict no longer holds once the slower side is given that much back."""
+    slow, fast = (b, a) if verdict == "faster" else (a, b)
+    found: list[tuple[float, str]] = []
+
+    def diff(x: float | None, y: float | None) -> float:
+        return (x or 0.0) - (y or 0.0)
+
+    others = diff(slow.others_cpu_cores, fast.others_cpu_cores)
+    if others >= CONFOUNDER_MIN["others_cores"]:
+        cores = slow.usable_cores or fast.usable_cores or 1.0
+        found.append((1.0 + others / cores,
+                      f"other processes used {slow.others_cpu_cores or 0:.2f} cores during the "
+                      f"slower side ({slow.name}) and {fast.others_cpu_cores or 0:.2f} during "
+                      f"the faster ({fast.name}), of {cores:g}"))  # fmt: skip
+    wait = diff(slow.train_cpu_wait_share, fast.train_cpu_wait_share)
+    if wait >= CONFOUNDER_MIN["wait"]:
+        found.append((1.0 / max(0.05, 1.0 - wait),
+                      f"the training thread waited for a CPU {slow.train_cpu_wait_share or 0:.0%}"
+                      f" of its time in {slow.name} and {fast.train_cpu_wait_share or 0:.0%} in "
+                      f"{fast.name}"))  # fmt: skip
+    steal = diff(slow.steal_pct, fast.steal_pct)
+    if steal >= CONFOUNDER_MIN["steal"]:
+        found.append((1.0 / max(0.05, 1.0 - steal / 100.0),
+                      f"the hypervisor stole {slow.steal_pct or 0:.0f} % of the CPU during "
+                      f"{slow.name} and {fast.steal_pct or 0:.0f} % during "
+                      f"{fast.name}"))  # fmt: skip
+    throttled = diff(slow.throttled_share, fast.throttled_share)
+    if throttled >= CONFOUNDER_MIN["throttled"]:
+        found.append((1.0 / max(0.05, 1.0 - throttled),
+                      f"the cgroup's CPU quota stopped the job {slow.throttled_share or 0:.0%} of "
+                      f"the time in {slow.name} and {fast.throttled_share or 0:.0%} in "
+                      f"{fast.name}"))  # fmt: skip
+    cs, cf = slow.gpu_sm_clock_mhz, fast.gpu_sm_clock_mhz
+    if cs and cf and cf / cs - 1.0 >= CONFOUNDER_MIN["clock"]:
+        found.append((cf / cs, f"the GPU ran at {cs:.0f} MHz in {slow.name} and {cf:.0f} MHz "
+                               f"in {fast.name} (heat or power limits)"))  # fmt: skip
+    if slow.foreign_gpu_processes > fast.foreign_gpu_processes:
+        found.append((math.inf, f"{slow.foreign_gpu_processes} other process(es) used the GPU "
+                                f"during {slow.name}, {fast.foreign_gpu_processes} during "
+                                f"{fast.name}"))  # fmt: skip
+    if slow.host and fast.host and slow.host != fast.host:
+        found.append((math.inf, f"the runs ran on different hosts ({b.host} before, {a.host} "
+                                "after)"))  # fmt: skip
+    if slow.gpu_models and fast.gpu_models and slow.gpu_models != fast.gpu_models:
+        found.append((math.inf, f"the runs ran on different GPUs ({', '.join(b.gpu_models)} "
+                                f"before, {', '.join(a.gpu_models)} after)"))  # fmt: skip
+    lo, hi = judged
+    reasons = []
+    for most, why in found:
+        # Give the slower side back the most this confounder could have cost it.
+        if verdict == "faster":
+            holds = lo / most > 1.0 + min_effect
+        else:
+            holds = hi * most < 1.0 - min_effect
+        if not holds:
+            reasons.append(why + ": enough to explain the change")
+    return reasons
+
+
+def _changes(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[str]:
+    """What the user changed on purpose: listed, not held against the verdict."""
+    out = []
+    cb = {" ".join(r.command) for r in b}
+    ca = {" ".join(r.command) for r in a}
+    if cb != ca:
+        out.append("the command changed: " + "; ".join(sorted(cb))[:160] + " -> "
+                   + "; ".join(sorted(ca))[:160])  # fmt: skip
+    tb = {r.torch_version for r in b if r.torch_version}
+    ta = {r.torch_version for r in a if r.torch_version}
+    if tb and ta and tb != ta:
+        out.append(f"torch changed: {', '.join(sorted(tb))} -> {', '.join(sorted(ta))}")
+    return out
 
 
 # --- throughput and its interval -------------------------------------------------------------
@@ -285,7 +496,79 @@ def _facts(view: RunView, name: str, samples: bool) -> RunFacts:
         others_cpu_cores=s.others_cpu_mean_cores,
         gpu_sm_clock_mhz=statistics.fmean(clocks) if clocks else None,
         gpu_memory_used_max_gib=max(used) / 2**30 if used else None,
+        usable_cores=view.usable_cores,
+        steal_pct=view.cpu.steal_pct,
+        throttled_share=view.cpu.throttled_share,
+        foreign_gpu_processes=_foreign_gpu_processes(view),
+        host=_env(view, "host", "hostname"),
+        gpu_models=tuple(sorted({str(g.get("name")) for g in _gpus(view) if g.get("name")})),
+        torch_version=_env(view, "torch", "version"),
+        halves=_halves(blocks),
     )
+
+
+def _env(view: RunView, part: str, key: str) -> str | None:
+    found = view.record.meta.environment.get(part)
+    value = found.get(key) if isinstance(found, dict) else None
+    return str(value) if value else None
+
+
+def _gpus(view: RunView) -> list[dict[str, Any]]:
+    gpu = view.record.meta.environment.get("gpu")
+    devices = gpu.get("devices") if isinstance(gpu, dict) else None
+    return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+
+
+def _foreign_gpu_processes(view: RunView) -> int:
+    """Processes not the job's seen on the job's GPUs."""
+    jobs = view.pids
+    indices = set(view.job_gpu_indices)
+    return len({p.pid for g in view.record.gpu if g.index in indices
+                for p in g.processes if p.pid not in jobs})  # fmt: skip
+
+
+def _halves(blocks: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """The rate of the first and the second half of a run's blocks (``None``: too few)."""
+    if len(blocks) < 4:
+        return None
+    mid = len(blocks) // 2
+
+    def rate(part: Sequence[tuple[float, float]]) -> float:
+        seconds = sum(t for _, t in part)
+        return sum(u for u, _ in part) / seconds if seconds > 0 else 0.0
+
+    return rate(blocks[:mid]), rate(blocks[mid:])
+
+
+def _merge(runs: Sequence[RunFacts]) -> RunFacts:
+    """One side's runs as one: its rate the mean of the runs' rates, its measures the
+    means of theirs (the first run's summary stands for the step-time details)."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def mean_of(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.fmean(known) if known else None
+
+    first = runs[0]
+    rates = [r.rate for r in runs]
+    return dataclasses.replace(
+        first,
+        name=f"{first.name} +{len(runs) - 1}",
+        steady_steps=sum(r.steady_steps for r in runs),
+        rate=None if None in rates else statistics.fmean([r for r in rates if r is not None]),
+        blocks=tuple(b for r in runs for b in r.blocks),
+        train_cpu_wait_share=mean_of([r.train_cpu_wait_share for r in runs]),
+        others_wait_share=statistics.fmean(r.others_wait_share for r in runs),
+        others_cpu_cores=mean_of([r.others_cpu_cores for r in runs]),
+        gpu_sm_clock_mhz=mean_of([r.gpu_sm_clock_mhz for r in runs]),
+        gpu_memory_used_max_gib=max((r.gpu_memory_used_max_gib for r in runs
+                                     if r.gpu_memory_used_max_gib is not None), default=None),
+        steal_pct=mean_of([r.steal_pct for r in runs]),
+        throttled_share=mean_of([r.throttled_share for r in runs]),
+        foreign_gpu_processes=max(r.foreign_gpu_processes for r in runs),
+        halves=None,
+    )  # fmt: skip
 
 
 def _others_wait_share(view: RunView) -> float:
@@ -320,13 +603,21 @@ def _blocks(spans: Sequence[StepSpan], samples: bool, processes: int) -> list[tu
     return [(u, t) for u, t in blocks if t > 0]
 
 
-def _bootstrap_ratio(
-    b: RunFacts, a: RunFacts, resamples: int, confidence: float, rng: random.Random
-) -> tuple[float, float]:
+def _bootstrap_groups(
+    b: Sequence[RunFacts], a: Sequence[RunFacts], resamples: int, confidence: float,
+    rng: random.Random,
+) -> tuple[float, float]:  # fmt: skip
+    """Two-level bootstrap of the after/before rate ratio: runs drawn with replacement,
+    then each drawn run's blocks; a side's rate is the mean of its drawn runs' rates."""
+
+    def side(runs: Sequence[RunFacts]) -> float:
+        drawn = [runs[rng.randrange(len(runs))] for _ in runs]
+        return statistics.fmean(_resampled_rate(r.blocks, rng) for r in drawn)
+
     ratios = []
     for _ in range(resamples):
-        rb = _resampled_rate(b.blocks, rng)
-        ra = _resampled_rate(a.blocks, rng)
+        rb = side(b)
+        ra = side(a)
         if rb > 0:
             ratios.append(ra / rb)
     ratios.sort()
@@ -334,6 +625,18 @@ def _bootstrap_ratio(
     lo = ratios[max(0, math.floor(tail * len(ratios)))]
     hi = ratios[min(len(ratios) - 1, math.ceil((1.0 - tail) * len(ratios)) - 1)]
     return lo, hi
+
+
+def _widened(
+    interval: tuple[float, float], speedup: float, runs_b: int, runs_a: int,
+    run_noise: float, confidence: float,
+) -> tuple[float, float]:  # fmt: skip
+    """``interval`` made at least as wide, around ``speedup``, as run-to-run noise of
+    ``run_noise`` (log standard deviation a run) allows for this many runs a side."""
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    half = z * run_noise * math.sqrt(1.0 / runs_b + 1.0 / runs_a)
+    centre = math.log(speedup)
+    return min(interval[0], math.exp(centre - half)), max(interval[1], math.exp(centre + half))
 
 
 def _resampled_rate(blocks: Sequence[tuple[float, float]], rng: random.Random) -> float:
@@ -348,27 +651,34 @@ def _resampled_rate(blocks: Sequence[tuple[float, float]], rng: random.Random) -
 # --- side by side ---------------------------------------------------------------------------
 
 
-def _rows(b: RunFacts, a: RunFacts) -> tuple[tuple[str, str, float | None, float | None], ...]:
-    sb, sa = b.summary, a.summary
+def _rows(
+    runs_b: Sequence[RunFacts], runs_a: Sequence[RunFacts]
+) -> tuple[tuple[str, str, float | None, float | None], ...]:
+    """The measures side by side, each the mean over a side's runs."""
+
+    def mean_of(runs: Sequence[RunFacts], get: Callable[[RunFacts], float | None]) -> float | None:
+        known = [v for v in (get(r) for r in runs) if v is not None]
+        return statistics.fmean(known) if known else None
 
     def pct(v: float | None) -> float | None:
         return None if v is None else 100.0 * v
 
-    return (
-        ("throughput", b.rate_unit, b.rate, a.rate),
-        ("step time, median", "s", sb.step_time_median_s, sa.step_time_median_s),
-        ("step time, p90", "s", sb.step_time_p90_s, sa.step_time_p90_s),
-        ("data wait", "% of step", pct(sb.data_wait_share), pct(sa.data_wait_share)),
-        ("forward/backward/optimizer", "% of step", pct(sb.compute_share), pct(sa.compute_share)),
-        ("GPU time", "% of step", pct(sb.gpu_time_share), pct(sa.gpu_time_share)),
-        ("GPU utilization", "%", sb.gpu_utilization_mean_pct, sa.gpu_utilization_mean_pct),
-        ("GPU memory used, max", "GiB", b.gpu_memory_used_max_gib, a.gpu_memory_used_max_gib),
-        ("job CPU", "cores", sb.job_cpu_mean_cores, sa.job_cpu_mean_cores),
-        ("training thread waiting for a CPU", "%", pct(b.train_cpu_wait_share),
-         pct(a.train_cpu_wait_share)),
-        ("others' CPU", "cores", b.others_cpu_cores, a.others_cpu_cores),
-        ("steady steps", "", float(b.steady_steps), float(a.steady_steps)),
-    )  # fmt: skip
+    measures: tuple[tuple[str, str, Callable[[RunFacts], float | None]], ...] = (
+        ("throughput", runs_b[0].rate_unit, lambda r: r.rate),
+        ("step time, median", "s", lambda r: r.summary.step_time_median_s),
+        ("step time, p90", "s", lambda r: r.summary.step_time_p90_s),
+        ("data wait", "% of step", lambda r: pct(r.summary.data_wait_share)),
+        ("forward/backward/optimizer", "% of step", lambda r: pct(r.summary.compute_share)),
+        ("GPU time", "% of step", lambda r: pct(r.summary.gpu_time_share)),
+        ("GPU utilization", "%", lambda r: r.summary.gpu_utilization_mean_pct),
+        ("GPU memory used, max", "GiB", lambda r: r.gpu_memory_used_max_gib),
+        ("job CPU", "cores", lambda r: r.summary.job_cpu_mean_cores),
+        ("training thread waiting for a CPU", "%", lambda r: pct(r.train_cpu_wait_share)),
+        ("others' CPU", "cores", lambda r: r.others_cpu_cores),
+        ("steady steps", "", lambda r: float(r.steady_steps)),
+    )
+    return tuple((name, unit, mean_of(runs_b, get), mean_of(runs_a, get))
+                 for name, unit, get in measures)  # fmt: skip
 
 
 def _machine_notes(b: RunFacts, a: RunFacts) -> list[str]:

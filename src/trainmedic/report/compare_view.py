@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -19,13 +20,16 @@ from trainmedic.record.stats import all_spans, split_steps
 from trainmedic.record.types import RunRecord
 from trainmedic.report.compare import Comparison, FindingChange
 
-_VERDICT_STYLE = {"faster": "bold green", "slower": "bold red", "no_change": "bold yellow"}
+_VERDICT_STYLE = {"faster": "bold green", "slower": "bold red", "no_change": "bold yellow",
+                  "inconclusive": "bold magenta"}  # fmt: skip
 _MAX_POINTS = 4000
 
 
 def verdict_sentence(c: Comparison) -> str:
     """The verdict in one sentence, with the speed-up and its interval."""
     if c.speedup is None:
+        if c.reasons:
+            return "inconclusive: " + c.reasons[0]
         return "no verdict: a run has no steady training steps to measure"
     ci = ""
     if c.speedup_ci is not None:
@@ -34,7 +38,8 @@ def verdict_sentence(c: Comparison) -> str:
     what = {
         "faster": "faster",
         "slower": "slower",
-        "no_change": "no significant change",
+        "no_change": "no change beyond noise",
+        "inconclusive": "inconclusive",
     }[c.verdict]
     sentence = f"{what}: after/before throughput {c.speedup:.2f}x{ci}"
     if c.adjusted_speedup is not None and c.adjusted_ci is not None:
@@ -49,11 +54,15 @@ def verdict_sentence(c: Comparison) -> str:
 def render_comparison(console: Console, c: Comparison) -> None:
     """Print the comparison (see the module docstring)."""
     console.print(Text("compare", style="bold underline"))
-    console.print(f"before: {c.before.name}  ({' '.join(c.before.command)[:100]})")
-    console.print(f"after:  {c.after.name}  ({' '.join(c.after.command)[:100]})")
+    for label, runs, side in (("before:", c.before_runs, c.before),
+                              ("after: ", c.after_runs, c.after)):  # fmt: skip
+        names = ", ".join(r.name for r in runs) if len(runs) > 1 else side.name
+        console.print(f"{label} {names}  ({' '.join(side.command)[:100]})")
     console.print()
     console.print(Text(verdict_sentence(c), style=_VERDICT_STYLE[c.verdict]))
-    if c.verdict == "no_change" and c.speedup_ci is not None:
+    for reason in c.reasons if c.speedup is not None else c.reasons[1:]:
+        console.print(Text(f"  because {reason}", style="magenta"))
+    if c.verdict in ("no_change", "inconclusive") and c.speedup_ci is not None:
         console.print(
             Text(
                 f"  (a change counts when the whole interval is beyond ±{c.min_effect:.0%})",
@@ -113,7 +122,9 @@ def _pct(v: float) -> str:
 # --- HTML ----------------------------------------------------------------------------------
 
 
-def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -> str:
+def render_comparison_html(
+    c: Comparison, before: Sequence[RunRecord], after: Sequence[RunRecord]
+) -> str:
     """The page: verdict, measures, findings, notes, and the step times of both runs."""
     import plotly.graph_objects as go
 
@@ -121,9 +132,11 @@ def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -
 
     figures: list[dict[str, Any]] = []
     fig = go.Figure()
-    for label, record in (("before", before), ("after", after)):
-        durations = _step_durations(record)
-        fig.add_trace(go.Box(x=durations, name=label, boxpoints=False, orientation="h"))
+    for label, records in (("before", before), ("after", after)):
+        for i, record in enumerate(records):
+            durations = _step_durations(record)
+            name = label if len(records) == 1 else f"{label} {i + 1}"
+            fig.add_trace(go.Box(x=durations, name=name, boxpoints=False, orientation="h"))
     fig.update_layout(
         template="plotly_white", height=260, margin={"l": 70, "r": 30, "t": 30, "b": 40},
         xaxis_title="steady step time (s)",
@@ -134,7 +147,9 @@ def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -
         f"<td>{_e(_num(a))}</td><td>{_e(_change(b, a))}</td></tr>"
         for n, u, b, a in c.rows
     )
-    colour = {"faster": "#2e7d32", "slower": "#c62828", "no_change": "#b26a00"}[c.verdict]
+    colour = {"faster": "#2e7d32", "slower": "#c62828", "no_change": "#b26a00",
+              "inconclusive": "#6a1b9a"}[c.verdict]  # fmt: skip
+    reasons = "".join(f"<li>{_e(r)}</li>" for r in c.reasons)
     body = [
         "<h1>trainmedic compare</h1>",
         f"<p>before: <code>{_e(c.before.name)}</code> — {_e(' '.join(c.before.command))}<br>"
@@ -142,7 +157,9 @@ def render_comparison_html(c: Comparison, before: RunRecord, after: RunRecord) -
         f'<h2 id="verdict">Verdict</h2><p class="verdict" style="border-left:6px solid '
         f'{colour};padding:.4em 1em"><b>{_e(verdict_sentence(c))}</b><br>'
         f"A change counts when the whole {c.confidence:.0%} interval of the throughput ratio "
-        f"(block bootstrap over each run's steps) is beyond ±{c.min_effect:.0%}.</p>",
+        f"(bootstrap over runs and each run's steps, never narrower than run-to-run noise "
+        f"of {c.run_noise:.0%} allows) is beyond ±{c.min_effect:.0%}.</p>"
+        + (f"<p>Inconclusive because:</p><ul>{reasons}</ul>" if reasons else ""),
         '<h2 id="measures">Side by side</h2>',
         '<table class="compare"><tr><th>measure</th><th>before</th><th>after</th>'
         f"<th>change</th></tr>{rows}</table>",
