@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -145,9 +146,11 @@ def test_repeated_runs_of_each_side(
     assert doc["verdict"] == "faster" and doc["speedup"] == pytest.approx(2.0, rel=0.05)
     assert [r["run"] for r in doc["runs"]["before"]] == ["a0", "a1", "a2"]
     assert [r["run"] for r in doc["runs"]["after"]] == ["b0", "b1", "b2"]
-    # The run-to-run floor narrows with the runs: 1.96 * 0.04 * sqrt(2/3) = 6.4 % a side.
+    # The run-to-run floor narrows with the runs: 1.96 * 0.12 * sqrt(2/3) in log a side.
     lo, hi = doc["speedup_ci"]
-    assert hi / doc["speedup"] == pytest.approx(1.066, abs=0.01)
+    floor = math.exp(1.96 * 0.12 * math.sqrt(2 / 3))
+    assert hi / doc["speedup"] == pytest.approx(floor, abs=0.01)
+    assert doc["speedup"] / lo == pytest.approx(floor, abs=0.01)
     code, out, _ = run_cli(capsys, "compare", *before, "--", *after)
     assert code == 0 and "before: a0, a1, a2" in out and "after:  b0, b1, b2" in out
 

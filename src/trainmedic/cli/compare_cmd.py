@@ -87,7 +87,7 @@ def split_sides(runs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     default=None,
     metavar="FRACTION",
     help="Run-to-run noise of an unchanged job's throughput on this machine (log standard "
-    "deviation; default 0.04, measured as docs/compare.md says): the interval is never "
+    "deviation; default 0.12, measured as docs/compare.md says): the interval is never "
     "narrower than it allows.",
 )
 def compare(

@@ -20,6 +20,7 @@ import click
 from trainmedic import __version__
 from trainmedic.cli import (
     attach_cmd,
+    bench_cmd,
     compare_cmd,
     demo_cmd,
     doctor_cmd,
@@ -42,6 +43,7 @@ def cli() -> None:
     trainmedic attach PID        why a job already running is slow, or whether it is stuck
     trainmedic report RUN_DIR    show a finished run's report again
     trainmedic compare A B       did a change make run B faster than run A?
+    trainmedic bench -- A ::: B  run commands A and B in turns, and compare them
     trainmedic demo              a bundled example run
     trainmedic tune dataloader M:F  find faster DataLoader settings (tune --help)
     """
@@ -55,6 +57,7 @@ for _command in (
     demo_cmd.COMMAND,
     tune_cmd.COMMAND,
     compare_cmd.COMMAND,
+    bench_cmd.COMMAND,
 ):
     cli.add_command(_command)
 

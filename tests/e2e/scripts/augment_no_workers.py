@@ -4,7 +4,7 @@ An ordinary script, not written for any tool: 64x64 images get a random crop,
 a blur computed with an FFT and noise, one sample at a time in the training
 process (the DataLoader has no workers), then a small CNN trains on them.
 
-    python augment_no_workers.py --steps 60
+    python augment_no_workers.py --steps 60 [--workers N]
 """
 
 import argparse
@@ -46,9 +46,11 @@ class BlurredShapes(Dataset):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(0)
-    loader = DataLoader(BlurredShapes(32 * args.steps), batch_size=32, shuffle=True)
+    loader = DataLoader(BlurredShapes(32 * args.steps), batch_size=32, shuffle=True,
+                        num_workers=args.workers)
     model = nn.Sequential(
         nn.Conv2d(1, 8, 3, padding=1),
         nn.ReLU(),
