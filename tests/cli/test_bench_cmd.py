@@ -101,6 +101,6 @@ def test_ctrl_c_keeps_and_compares_what_finished(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "c.json").read_text())
     assert [r["run"] for r in doc["runs"]["before"]] == ["a-1"]
     assert [r["run"] for r in doc["runs"]["after"]] == ["b-1"]
-    assert "left out: b-2 (interrupted" in out
+    assert "left out: b-2 (interrupted" in err
     assert (bench / "b-2" / "meta.json").is_file()  # its record was kept
     assert not (bench / "a-2").exists()

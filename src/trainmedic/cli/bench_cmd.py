@@ -94,7 +94,8 @@ def bench(
     comparison, records = _compare(finished, directory, min_effect)
     console = Console(highlight=False)
     for run, why in failed:
-        console.print(f"left out: {run} ({why})", style="yellow")
+        # On stderr: stdout may carry the JSON.
+        click.echo(f"left out: {run} ({why})", err=True)
     if comparison is None:
         raise InputError(
             f"bench: no comparison: each command needs a finished run ({directory}: "
@@ -146,7 +147,7 @@ def _run_all(
             if code == 0:
                 finished[run.side].append(run.name)
             else:
-                failed.append((run.name, f"exited {code}: see {directory / run.name}"))
+                failed.append((run.name, f"exited {code}: see {directory / run.name}.log"))
     return finished, failed, False
 
 
