@@ -102,5 +102,6 @@ def test_ctrl_c_keeps_and_compares_what_finished(tmp_path: Path) -> None:
     assert [r["run"] for r in doc["runs"]["before"]] == ["a-1"]
     assert [r["run"] for r in doc["runs"]["after"]] == ["b-1"]
     assert "left out: b-2 (interrupted" in err
+    assert "compare" in out and "b-2" not in out.split("after:")[1].splitlines()[0]
     assert (bench / "b-2" / "meta.json").is_file()  # its record was kept
     assert not (bench / "a-2").exists()
