@@ -272,3 +272,17 @@ def test_a_drift_too_small_to_explain_a_large_change_leaves_it_standing() -> Non
     # Against a change of 1.1x, the same drift holds the verdict open.
     d = compare_runs(run(0.05), run(0.045, seed=2, drift=0.2), [], [], run_noise=0.0)
     assert d.verdict == "inconclusive" and "still slowing down" in d.reasons[0]
+
+
+def test_another_version_of_the_script_is_listed_not_held_against_the_verdict() -> None:
+    before, after = run(0.05, seed=1), run(0.025, seed=2)
+    before.meta = dataclasses.replace(before.meta, environment={"script": {
+        "path": "/w/train.py", "sha256": "a" * 64, "git_commit": "1234567890ab",
+        "git_modified": False}})  # fmt: skip
+    after.meta = dataclasses.replace(after.meta, environment={"script": {
+        "path": "/w/train.py", "sha256": "b" * 64, "git_commit": "1234567890ab",
+        "git_modified": True}})  # fmt: skip
+    c = compare_runs(before, after, [], [])
+    assert c.verdict == "faster"
+    assert ("the script changed: train.py at 1234567890 -> train.py at 1234567890+modified "
+            "(sha256 bbbbbbbbbbbb)") in c.notes  # fmt: skip

@@ -35,6 +35,7 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainmedic.diagnose.view import RunView
@@ -106,6 +107,9 @@ class RunFacts:
     torch_version: str | None = None
     halves: tuple[float, float] | None = None
     """The rate of the first and of the second half of the steady blocks."""
+    script: str | None = None
+    """The training script's version as the run started: its name with its git commit
+    (``+modified`` when the file differed from it) or the start of its hash."""
 
 
 @dataclass(frozen=True)
@@ -496,6 +500,10 @@ def _changes(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[str]:
     if cb != ca:
         out.append("the command changed: " + "; ".join(sorted(cb))[:160] + " -> "
                    + "; ".join(sorted(ca))[:160])  # fmt: skip
+    sb = {r.script for r in b if r.script}
+    sa = {r.script for r in a if r.script}
+    if sb and sa and sb != sa:
+        out.append(f"the script changed: {', '.join(sorted(sb))} -> {', '.join(sorted(sa))}")
     tb = {r.torch_version for r in b if r.torch_version}
     ta = {r.torch_version for r in a if r.torch_version}
     if tb and ta and tb != ta:
@@ -543,7 +551,21 @@ def _facts(view: RunView, name: str, samples: bool) -> RunFacts:
         gpu_models=tuple(sorted({str(g.get("name")) for g in _gpus(view) if g.get("name")})),
         torch_version=_env(view, "torch", "version"),
         halves=_halves(blocks),
+        script=_script(view),
     )
+
+
+def _script(view: RunView) -> str | None:
+    found = view.record.meta.environment.get("script")
+    if not isinstance(found, dict) or not found.get("path"):
+        return None
+    name = Path(str(found["path"])).name
+    digest = f"sha256 {str(found['sha256'])[:12]}" if found.get("sha256") else ""
+    if found.get("git_commit"):
+        at = f"{name} at {str(found['git_commit'])[:10]}"
+        # A file changed since the commit is told apart by its bytes.
+        return f"{at}+modified ({digest})" if found.get("git_modified") and digest else at
+    return f"{name} ({digest})" if digest else None
 
 
 def _env(view: RunView, part: str, key: str) -> str | None:
@@ -554,7 +576,7 @@ def _env(view: RunView, part: str, key: str) -> str | None:
 
 def _gpus(view: RunView) -> list[dict[str, Any]]:
     gpu = view.record.meta.environment.get("gpu")
-    devices = gpu.get("devices") if isinstance(gpu, dict) else None
+    devices = gpu.get("gpus") if isinstance(gpu, dict) else None
     return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
 
 

@@ -139,6 +139,8 @@ class RunSession:
         self.options = options
         self.guard = RecordGuard(write=write, wall=wall)
         self.keep_output = keep_output
+        self.script: dict[str, Any] | None = None
+        """The training script's identity as the job started (``script_facts``)."""
         self.environ = dict(os.environ if environ is None else environ)
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
@@ -243,7 +245,10 @@ class RunSession:
                 meta,
                 ended_at=result.ended_at,
                 exit_code=result.returncode,
-                environment=environment(machine, self.table, options.simulate),
+                environment={
+                    **environment(machine, self.table, options.simulate),
+                    **({"script": self.script} if self.script else {}),
+                },
             )
             self._close_record(writer, final_meta)
             if keeper is not None:
@@ -262,7 +267,11 @@ class RunSession:
 
     def _meta(self, gpu_backend: str, started_at: float) -> RunMeta:
         """The run's metadata as the job starts (``meta.json``, completed at the end)."""
+        from trainmedic.supervise.script_facts import script_facts
+
         options = self.options
+        script = script_facts(options.argv, Path(options.cwd or os.getcwd()))
+        self.script = script
         return RunMeta(
             run_id=printable(options.run_dir.name),
             command=tuple(printable(a) for a in options.argv),
@@ -270,6 +279,7 @@ class RunSession:
             started_at=started_at,
             trainmedic_version=__version__,
             gpu_backend=gpu_backend,
+            environment={"script": script} if script else {},
         )
 
     def _sinks(self, aggregate: LiveAggregate, watchdog: Watchdog) -> list[Any]:
