@@ -11,7 +11,6 @@ named. Bad input is one line and exit 2.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -21,8 +20,8 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import json_option
-from trainmedic.cli.outputs import check_outputs, write_output
+from trainmedic.cli.compare_cmd import comparison_options, emit
+from trainmedic.cli.outputs import check_outputs
 from trainmedic.errors import InputError, UsageError
 
 if TYPE_CHECKING:
@@ -48,19 +47,7 @@ if TYPE_CHECKING:
     help="Bench directory (new or empty), holding a run directory per run. "
     "Default: ./trainmedic-runs/<time>-bench-<name>/.",
 )
-@json_option("the comparison")
-@click.option("--html", "html_out", metavar="FILE", help="Write the comparison as an HTML page.")
-@click.option(
-    "--force", is_flag=True, help="Replace an existing --json/--html file trainmedic did not write."
-)
-@click.option(
-    "--min-effect",
-    type=click.FloatRange(0.0, 0.5),
-    default=0.03,
-    show_default=True,
-    metavar="FRACTION",
-    help="Smallest speed-up (or slow-down) that counts, as a fraction (0.03 = 3 %).",
-)
+@comparison_options
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD_A ::: CMD_B")
 def bench(
     runs: int,
@@ -92,7 +79,6 @@ def bench(
     planned = plan(a, b, runs)
     finished, failed, interrupted = _run_all(planned, directory)
     comparison, records = _compare(finished, directory, min_effect)
-    console = Console(highlight=False)
     for run, why in failed:
         # On stderr: stdout may carry the JSON.
         click.echo(f"left out: {run} ({why})", err=True)
@@ -101,21 +87,9 @@ def bench(
             f"bench: no comparison: each command needs a finished run ({directory}: "
             f"{len(finished['a'])} of A, {len(finished['b'])} of B)"
         )
-    from trainmedic.report.compare_view import render_comparison, render_comparison_html
-
-    if json_out == "-":
-        sys.stdout.write(json.dumps(comparison.to_dict(), indent=2) + "\n")
-    else:
-        render_comparison(console, comparison)
-        console.print(f"runs: {directory}")
-    if "--json" in outputs:
-        data = json.dumps(comparison.to_dict(), indent=2) + "\n"
-        write_output(outputs["--json"], lambda f: f.write(data))
-        click.echo(f"json written to {json_out}", err=True)
-    if "--html" in outputs:
-        page = render_comparison_html(comparison, records[0], records[1])
-        write_output(outputs["--html"], lambda f: f.write(page))
-        click.echo(f"html written to {html_out}", err=True)
+    emit(comparison, records[0], records[1], outputs, json_out, html_out)
+    if json_out != "-":
+        click.echo(f"runs: {directory}")
     return 130 if interrupted else 0
 
 

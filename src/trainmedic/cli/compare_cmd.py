@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
 
 from trainmedic.cli.options import json_option
-from trainmedic.cli.outputs import check_outputs, write_output
+from trainmedic.cli.outputs import Output, check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from trainmedic.record.types import RunRecord
+    from trainmedic.report.compare import Comparison
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 SEPARATOR = ":::"
 
@@ -59,21 +67,52 @@ def split_sides(runs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return before, after
 
 
+def comparison_options(f: F) -> F:
+    """The options of a comparison's outputs and threshold (``compare``, ``bench``)."""
+    for option in reversed((
+        json_option("the comparison"),
+        click.option("--html", "html_out", metavar="FILE",
+                     help="Write the comparison as an HTML page."),
+        click.option("--force", is_flag=True,
+                     help="Replace an existing --json/--html file trainmedic did not write."),
+        click.option("--min-effect", type=click.FloatRange(0.0, 0.5), default=0.03,
+                     show_default=True, metavar="FRACTION",
+                     help="Smallest speed-up (or slow-down) that counts, as a fraction "
+                     "(0.03 = 3 %)."),
+    )):  # fmt: skip
+        f = option(f)
+    return f
+
+
+def emit(
+    comparison: Comparison,
+    before: Sequence[RunRecord],
+    after: Sequence[RunRecord],
+    outputs: dict[str, Output],
+    json_out: str | None,
+    html_out: str | None,
+) -> None:
+    """The comparison on the terminal (or as JSON on stdout, ``--json`` alone), and to
+    the ``--json``/``--html`` files asked for."""
+    from trainmedic.report.compare_view import render_comparison, render_comparison_html
+
+    if json_out == "-":
+        sys.stdout.write(json.dumps(comparison.to_dict(), indent=2) + "\n")
+    else:
+        render_comparison(Console(highlight=False), comparison)
+    if "--json" in outputs:
+        data = json.dumps(comparison.to_dict(), indent=2) + "\n"
+        write_output(outputs["--json"], lambda f: f.write(data))
+        click.echo(f"json written to {json_out}", err=True)
+    if "--html" in outputs:
+        page = render_comparison_html(comparison, before, after)
+        write_output(outputs["--html"], lambda f: f.write(page))
+        click.echo(f"html written to {html_out}", err=True)
+
+
 @click.command("compare", cls=_SidesCommand)
 @click.argument("runs", nargs=-1, metavar="RUN_A RUN_B | RUN_A1 ... -- RUN_B1 ...")
-@json_option("the comparison")
-@click.option("--html", "html_out", metavar="FILE", help="Write the comparison as an HTML page.")
-@click.option(
-    "--force", is_flag=True, help="Replace an existing --json/--html file trainmedic did not write."
-)
-@click.option(
-    "--min-effect",
-    type=click.FloatRange(0.0, 0.5),
-    default=0.03,
-    show_default=True,
-    metavar="FRACTION",
-    help="Smallest speed-up (or slow-down) that counts, as a fraction (0.03 = 3 %).",
-)
+@comparison_options
 @click.option(
     "--confidence",
     type=click.FloatRange(0.5, 0.999),
@@ -106,7 +145,6 @@ def compare(
     noise into the interval."""
     from trainmedic.record.store import load_run_record
     from trainmedic.report.compare import RUN_NOISE, compare_groups
-    from trainmedic.report.compare_view import render_comparison, render_comparison_html
     from trainmedic.report.run_findings import load_or_diagnose
 
     before, after = split_sides(runs)
@@ -128,18 +166,7 @@ def compare(
         confidence=confidence,
         run_noise=RUN_NOISE if run_noise is None else run_noise,
     )
-    if json_out == "-":
-        sys.stdout.write(json.dumps(comparison.to_dict(), indent=2) + "\n")
-    else:
-        render_comparison(Console(highlight=False), comparison)
-    if "--json" in outputs:
-        data = json.dumps(comparison.to_dict(), indent=2) + "\n"
-        write_output(outputs["--json"], lambda f: f.write(data))
-        click.echo(f"json written to {json_out}", err=True)
-    if "--html" in outputs:
-        page = render_comparison_html(comparison, records[:n], records[n:])
-        write_output(outputs["--html"], lambda f: f.write(page))
-        click.echo(f"html written to {html_out}", err=True)
+    emit(comparison, records[:n], records[n:], outputs, json_out, html_out)
     return 0
 
 

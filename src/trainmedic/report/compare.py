@@ -421,6 +421,19 @@ def _warming_up(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[tuple[floa
     return out
 
 
+_LOST_TIME: tuple[tuple[str, Callable[[RunFacts], float | None], float, str], ...] = (
+    ("wait", lambda r: r.train_cpu_wait_share, 1.0,
+     "the training thread waited for a CPU {s:.0%} of its time in {slow} and {f:.0%} in {fast}"),
+    ("steal", lambda r: r.steal_pct, 100.0,
+     "the hypervisor stole {s:.0f} % of the CPU during {slow} and {f:.0f} % during {fast}"),
+    ("throttled", lambda r: r.throttled_share, 1.0,
+     "the cgroup's CPU quota stopped the job {s:.0%} of the time in {slow} and {f:.0%} in "
+     "{fast}"),
+)  # fmt: skip
+"""The confounders that take a share of the job's time: (key in :data:`CONFOUNDER_MIN`,
+the reading, its scale to a share, the words)."""
+
+
 def _confounders(
     b: RunFacts, a: RunFacts, judged: tuple[float, float], min_effect: float, verdict: str
 ) -> list[str]:
@@ -457,24 +470,13 @@ def _differences(b: RunFacts, a: RunFacts, verdict: str) -> list[tuple[float, st
                       f"other processes used {slow.others_cpu_cores or 0:.2f} cores during the "
                       f"slower side ({slow.name}) and {fast.others_cpu_cores or 0:.2f} during "
                       f"the faster ({fast.name}), of {cores:g}"))  # fmt: skip
-    wait = diff(slow.train_cpu_wait_share, fast.train_cpu_wait_share)
-    if wait >= CONFOUNDER_MIN["wait"]:
-        found.append((1.0 / max(0.05, 1.0 - wait),
-                      f"the training thread waited for a CPU {slow.train_cpu_wait_share or 0:.0%}"
-                      f" of its time in {slow.name} and {fast.train_cpu_wait_share or 0:.0%} in "
-                      f"{fast.name}"))  # fmt: skip
-    steal = diff(slow.steal_pct, fast.steal_pct)
-    if steal >= CONFOUNDER_MIN["steal"]:
-        found.append((1.0 / max(0.05, 1.0 - steal / 100.0),
-                      f"the hypervisor stole {slow.steal_pct or 0:.0f} % of the CPU during "
-                      f"{slow.name} and {fast.steal_pct or 0:.0f} % during "
-                      f"{fast.name}"))  # fmt: skip
-    throttled = diff(slow.throttled_share, fast.throttled_share)
-    if throttled >= CONFOUNDER_MIN["throttled"]:
-        found.append((1.0 / max(0.05, 1.0 - throttled),
-                      f"the cgroup's CPU quota stopped the job {slow.throttled_share or 0:.0%} of "
-                      f"the time in {slow.name} and {fast.throttled_share or 0:.0%} in "
-                      f"{fast.name}"))  # fmt: skip
+    for key, get, scale, text in _LOST_TIME:
+        lost = diff(get(slow), get(fast))
+        if lost >= CONFOUNDER_MIN[key]:
+            # A share of the time taken from the job slows it by up to 1 / (1 - share).
+            found.append((1.0 / max(0.05, 1.0 - lost / scale),
+                          text.format(s=get(slow) or 0.0, f=get(fast) or 0.0, slow=slow.name,
+                                      fast=fast.name)))  # fmt: skip
     cs, cf = slow.gpu_sm_clock_mhz, fast.gpu_sm_clock_mhz
     if cs and cf and cf / cs - 1.0 >= CONFOUNDER_MIN["clock"]:
         found.append((cf / cs, f"the GPU ran at {cs:.0f} MHz in {slow.name} and {cf:.0f} MHz "
