@@ -30,6 +30,9 @@ from silence_helpers import (
 pytestmark = pytest.mark.slow
 LATE_S = 1.5
 """How long after the floor a hang may be declared."""
+WORK_AFTER_S = 5.0
+"""How long a job may still work after one DataLoader worker's read blocks (the other
+workers finishing their batches), pushing the verdict back by as much."""
 
 
 @pytest.mark.parametrize(
@@ -71,7 +74,14 @@ def assert_caught(  # type: ignore[no-untyped-def]
     detected = first_attempt["detected_at"]
     before = [t for t in train_step_ends(run) if t < detected]
     began = max(since, before[-1])
-    assert FLOOR_S - 0.3 <= detected - began <= FLOOR_S + LATE_S, (detected - began, hang)
+    late = LATE_S
+    if outside and hang["reason"].startswith("work stopped"):
+        # The job still worked after the read blocked (the loader's other workers
+        # finishing the batches they had begun): the floor runs from that work's end,
+        # which the verdict measured; it must have been on time from there.
+        assert FLOOR_S - 0.3 <= hang["detected_after_s"] <= FLOOR_S + LATE_S, hang
+        late += WORK_AFTER_S
+    assert FLOOR_S - 0.3 <= detected - began <= FLOOR_S + late, (detected - began, hang)
     # The first restart of a streak is immediate (jitter included), unless the cause
     # lies outside the job: then the backoff (5 s by default, plus jitter) applies.
     if outside:
