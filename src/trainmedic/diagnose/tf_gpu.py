@@ -32,14 +32,13 @@ def tf_memory_pool(view: RunView, th: Thresholds) -> list[Finding]:
     if not view.tf_preallocates:
         return []
     held: list[float] = []
-    totals: list[float] = []
+    total = view.job_gpu_memory_total_bytes
+    totals = [total] if total else []
     sharing: set[int] = set()
     for i in view.job_gpu_indices:
         for g in view.gpu_series(i, steady_only=False):
             if g.memory_used_bytes is not None:
                 held.append(g.memory_used_bytes)
-            if g.memory_total_bytes:
-                totals.append(g.memory_total_bytes)
             pids = {p.pid for p in g.processes}
             if len(pids) > 1:
                 sharing |= pids

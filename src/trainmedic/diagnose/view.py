@@ -282,6 +282,17 @@ class RunView:
         return max(peaks, default=None)
 
     @cached_property
+    def job_gpu_memory_total_bytes(self) -> int | None:
+        """The largest memory of the job's GPUs (bytes), from their readings."""
+        totals = [
+            g.memory_total_bytes
+            for i in self.job_gpu_indices
+            for g in self.gpu_series(i, steady_only=False)
+            if g.memory_total_bytes
+        ]
+        return max(totals, default=None)
+
+    @cached_property
     def framework(self) -> str:
         """``tensorflow`` for a job the probe saw train with TensorFlow or Keras (a
         ``tf.data`` pipeline, TensorFlow's GPU settings), else ``torch``: the words
@@ -336,15 +347,9 @@ class RunView:
     def gpu_memory_used_share(self) -> float | None:
         """Peak over the job's GPUs of mean memory used / total, 0..1; for TensorFlow
         holding its GPUs whole (:attr:`tf_preallocates`), its pool's peak / total."""
-        if self.tf_preallocates and self.tf_pool_peak_bytes is not None:
-            totals = [
-                g.memory_total_bytes
-                for i in self.job_gpu_indices
-                for g in self.gpu_series(i)
-                if g.memory_total_bytes
-            ]
-            if totals:
-                return self.tf_pool_peak_bytes / max(totals)
+        total = self.job_gpu_memory_total_bytes
+        if self.tf_preallocates and self.tf_pool_peak_bytes is not None and total:
+            return self.tf_pool_peak_bytes / total
         shares = []
         for i in self.job_gpu_indices:
             vals = [
