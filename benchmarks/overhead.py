@@ -36,7 +36,10 @@ with the rest: before and after a change, in the same rounds.
 
 ``--ablate`` adds, to find where an overhead goes, runs under ``trainmedic
 run --no-probe`` (the supervisor alone) and runs with one probe part switched
-off at a time (``TRAINMEDIC_PROBE_DISABLE=<part>``). ``--seconds`` sets each
+off at a time (``TRAINMEDIC_PROBE_DISABLE=<part>``; ``--ablate-parts`` picks
+them). ``--split`` adds the supervisor alone, the hooks alone (the probe's
+thread and stack sampler off: nothing is sent), the probe's thread alone (the
+hooks off) and everything but the stack sampler. ``--seconds`` sets each
 job's loop length from a first timing of its step.
 """
 
@@ -81,17 +84,44 @@ MODES = (
     Mode("trainmedic run", "run"),
     Mode("torch.profiler", "profiler"),
 )
-ABLATION_MODES = (
+
+HOOK_PARTS = "steps,backward,forward,loader"
+"""The probe parts that hook the job's calls (``probe.parts``)."""
+SPLIT_MODES = (
     Mode("trainmedic run --no-probe", "run", ("--no-probe",)),
-    *(
-        Mode(
-            f"trainmedic run, probe without {part}",
-            "run",
-            env=(("TRAINMEDIC_PROBE_DISABLE", part),),
-        )
-        for part in ABLATED_PARTS
+    Mode(
+        "hooks alone (no probe thread, nothing sent)",
+        "run",
+        env=(("TRAINMEDIC_PROBE_DISABLE", "sending,stacks"),),
+    ),
+    Mode(
+        "probe thread alone (no hooks)",
+        "run",
+        env=(("TRAINMEDIC_PROBE_DISABLE", HOOK_PARTS),),
+    ),
+    Mode(
+        "without the stack sampler",
+        "run",
+        env=(("TRAINMEDIC_PROBE_DISABLE", "stacks"),),
     ),
 )
+"""``--split``: the supervisor alone, the hooks alone, the probe's thread alone, and
+everything but the stack sampler - where ``trainmedic run``'s cost goes."""
+
+
+def ablation_modes(parts: tuple[str, ...] = ABLATED_PARTS) -> tuple[Mode, ...]:
+    """``--no-probe``, then the probe without each of ``parts`` in turn."""
+    return (
+        Mode("trainmedic run --no-probe", "run", ("--no-probe",)),
+        *(
+            Mode(
+                f"trainmedic run, probe without {part}",
+                "run",
+                env=(("TRAINMEDIC_PROBE_DISABLE", part),),
+            )
+            for part in parts
+        ),
+    )
 
 
 @dataclass
@@ -102,6 +132,9 @@ class Sample:
     step_median_s: float
     thread_cpu_s: float
     process_cpu_s: float
+    switches: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Per second of the loop: the training thread blocked, it was preempted, the
+    job's other threads woke (``overhead_job.py``'s counts)."""
     supervisor_cpu_during_job: float | None = None
     supervisor_cpu_lifetime: float | None = None
     supervisor_reported: float | None = None
@@ -132,6 +165,15 @@ def run_plain(job_args: list[str], profiler: bool) -> Sample:
         b["step_median_s"],
         b["thread_cpu_per_step_s"],
         b["process_cpu_per_step_s"],
+        _switches(b),
+    )
+
+
+def _switches(bench: dict[str, float]) -> tuple[float, float, float]:
+    return (
+        bench.get("train_blocked_per_s", 0.0),
+        bench.get("train_preempted_per_s", 0.0),
+        bench.get("other_wakes_per_s", 0.0),
     )
 
 
@@ -176,6 +218,7 @@ def run_supervised(job_args: list[str], run_dir: Path, mode: Mode) -> Sample:
         b["step_median_s"],
         b["thread_cpu_per_step_s"],
         b["process_cpu_per_step_s"],
+        _switches(b),
         supervisor_cpu_during_job=during,
         supervisor_cpu_lifetime=last_cpu / wall,
         supervisor_reported=reported_usage(run_dir),
@@ -317,17 +360,28 @@ def overhead_table(results: Results) -> list[str]:
         "",
         "| mode | ratio to plain, mean step (90 % interval) | spread "
         "| ratio to plain, median step (90 % interval) "
-        "| training thread CPU / step vs plain | job process CPU / step vs plain |",
-        "|---|---|---|---|---|---|",
+        "| training thread CPU / step vs plain | job process CPU / step vs plain "
+        "| training thread blocked, preempted / s | other threads' wake-ups / s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode, samples in results.samples.items():
         if mode == "plain":
+            lines.append(
+                "| plain | 1 | | 1 | | | "
+                + ", ".join(
+                    f"{statistics.median(s.switches[i] for s in samples):.1f}" for i in (0, 1)
+                )
+                + f" | {statistics.median(s.switches[2] for s in samples):.1f} |"
+            )
             continue
         pairs = list(zip(samples, plain, strict=True))
         ratios = [s.step_mean_s / p.step_mean_s for s, p in pairs]
         medians = [s.step_median_s / p.step_median_s for s, p in pairs]
         low, high = interval(ratios)
         med_low, med_high = interval(medians)
+        blocked, preempted, wakes = (
+            statistics.median(s.switches[i] for s in samples) for i in range(3)
+        )
         thread = statistics.median(s.thread_cpu_s for s in samples) - base_thread
         process = statistics.median(s.process_cpu_s for s in samples) - base_process
         lines.append(
@@ -335,7 +389,8 @@ def overhead_table(results: Results) -> list[str]:
             f"| {min(ratios):.3f}..{max(ratios):.3f} "
             f"| {statistics.median(medians):.3f} ({med_low:.3f}..{med_high:.3f}) "
             f"| {thread * 1e6:+.1f} µs ({thread / base_thread:+.2%}) "
-            f"| {process * 1e6:+.1f} µs ({process / base_process:+.2%}) |"
+            f"| {process * 1e6:+.1f} µs ({process / base_process:+.2%}) "
+            f"| {blocked:.1f}, {preempted:.1f} | {wakes:.1f} |"
         )
     sup = results.samples.get("trainmedic run", [])
     during = median([s.supervisor_cpu_during_job for s in sup])
@@ -373,6 +428,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--doctor-runs", type=int, default=7)
     parser.add_argument("--ablate", action="store_true", help="also runs that find where it goes")
+    parser.add_argument(
+        "--split", action="store_true", help="also the supervisor, hooks and threads alone"
+    )
+    parser.add_argument(
+        "--ablate-parts",
+        default=",".join(ABLATED_PARTS),
+        help="with --ablate: the probe parts switched off one at a time (comma list)",
+    )
     parser.add_argument("--baseline-src", help="a source tree whose trainmedic run to compare")
     parser.add_argument(
         "--store-latency-ms", type=float, default=1.0, help="the handoff job's sample store"
@@ -382,7 +445,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     base = tuple(m for m in MODES if not (args.no_profiler and m.kind == "profiler"))
-    modes = base + (ABLATION_MODES if args.ablate else ())
+    parts = tuple(p for p in args.ablate_parts.split(",") if p)
+    modes = base + (ablation_modes(parts) if args.ablate else ())
+    modes += tuple(m for m in SPLIT_MODES if args.split and m not in modes)
     import trainmedic
 
     trees = [Path(trainmedic.__file__).resolve().parent, HERE]

@@ -11,6 +11,12 @@ of every step is recorded), the way a person would profile a script.
     python benchmarks/overhead_job.py --model mlp --steps 3000 [--profiler]
         [--times-out FILE]
 
+It also counts context switches during the loop (``/proc/self/task/*/status``):
+the training thread's voluntary ones (it blocked: mostly waiting for the
+interpreter lock another thread of the job holds, as a plain loop with no
+workers does no I/O), its involuntary ones (preempted), and the voluntary ones
+of every other thread of the process (their wake-ups).
+
 ``--times-out`` writes every step's time (seconds, one a line) and, to
 ``FILE.end``, the loop's last ``time.perf_counter()`` (the system's monotonic
 clock, so that steps can be lined up with what other processes did when).
@@ -19,11 +25,40 @@ clock, so that steps can be lined up with what other processes did when).
 import argparse
 import contextlib
 import json
+import os
 import statistics
+import threading
 import time
 
 import torch
 from bench_models import build
+
+
+def switches():
+    """{thread id: (voluntary, involuntary)} context switches of this process's threads."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+        except OSError:
+            continue  # the thread ended
+        out[int(tid)] = (
+            int(fields["voluntary_ctxt_switches"]),
+            int(fields["nonvoluntary_ctxt_switches"]),
+        )
+    return out
+
+
+def switch_rates(before, after, seconds):
+    """(training thread voluntary/s, its involuntary/s, other threads' voluntary/s)."""
+    me = threading.get_native_id()
+    mine = after.get(me, (0, 0))
+    base = before.get(me, (0, 0))
+    others = sum(
+        v - before.get(tid, (0, 0))[0] for tid, (v, _) in after.items() if tid != me
+    )
+    return (mine[0] - base[0]) / seconds, (mine[1] - base[1]) / seconds, others / seconds
 
 
 def main():
@@ -40,6 +75,7 @@ def main():
     step_times = []
     step = 0
     with profiler:
+        switches0 = switches()
         thread0, process0 = time.thread_time(), time.process_time()
         start = last = time.perf_counter()
         while step < args.steps:
@@ -54,6 +90,14 @@ def main():
         loop_s = time.perf_counter() - start
         thread_s = time.thread_time() - thread0
         process_s = time.process_time() - process0
+        switches1 = switches()
+        waits, preempted, wakes = switch_rates(switches0, switches1, loop_s)
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        by_thread = {
+            names.get(tid, str(tid)): round((v - switches0.get(tid, (0, 0))[0]) / loop_s, 2)
+            for tid, (v, _) in switches1.items()
+            if tid != threading.get_native_id()
+        }
     if args.times_out:
         with open(args.times_out, "w") as f:
             f.write("".join(f"{t!r}\n" for t in step_times))
@@ -71,6 +115,10 @@ def main():
                 "step_p90_s": step_times[int(0.9 * len(step_times))],
                 "thread_cpu_per_step_s": thread_s / step,
                 "process_cpu_per_step_s": process_s / step,
+                "train_blocked_per_s": waits,
+                "train_preempted_per_s": preempted,
+                "other_wakes_per_s": wakes,
+                "wakes_by_thread": by_thread,
             }
         ),
         flush=True,
