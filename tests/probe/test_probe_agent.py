@@ -14,7 +14,7 @@ from trainmedic.channel.wire import (
     TorchInfo,
     decode_line,
 )
-from trainmedic.probe.agent import IDLE_STEPS_S
+from trainmedic.probe.agent import FLUSH_S, IDLE_STEPS_S, STEADY_S
 from trainmedic.probe.env import ProbeConfig
 from trainmedic.probe.runtime import Probe
 from trainmedic.probe.sampling import StepStats
@@ -409,3 +409,59 @@ def test_a_cudnn_that_fails_its_check_is_no_version_and_gpu_timing_goes_on() -> 
     (info,) = torch_infos(probe)
     assert info.cudnn_version is None and info.devices == ("NVIDIA H200",)
     assert probe.parts["cuda"].on
+
+
+def quiet_probe() -> tuple[Probe, StepTracker, list[str]]:
+    """A probe whose pass does everything but the channel's sends, which it records."""
+    probe, tracker, _ = make_probe()
+    calls: list[str] = []
+    probe._flush = lambda: calls.append("flush")  # type: ignore[method-assign]
+    probe._heartbeat = lambda: calls.append("heartbeat")  # type: ignore[method-assign]
+    probe._sample_main = lambda: calls.append("sample")  # type: ignore[method-assign]
+    return probe, tracker, calls
+
+
+def test_a_job_making_progress_wakes_the_probes_thread_once_a_second_and_is_not_sampled() -> None:
+    probe, tracker, calls = quiet_probe()
+    # Start-up: nothing seen yet, so the quick cadence, with a liveness sample.
+    assert probe._agent_pass(stopping=False) == FLUSH_S
+    assert calls == ["sample", "heartbeat", "flush"]
+    for i in range(3):
+        calls.clear()
+        train_step(tracker, float(i))
+        # Steps went on since the last pass: one pass a second, and no sample, whose
+        # time.sleep(0) would take the interpreter lock from the training loop.
+        assert probe._agent_pass(stopping=False) == STEADY_S
+        assert "sample" not in calls and "flush" in calls
+    calls.clear()
+    # A silence: no step and no work since the last pass. Back to four passes a
+    # second, each with a sample (what the silence classifier reads: spinning or parked).
+    assert probe._agent_pass(stopping=False) == FLUSH_S
+    assert calls[0] == "sample"
+    calls.clear()
+    tracker.loader_enter(9.0)  # work without a step (an evaluation's batches) is progress too
+    tracker.loader_exit(9.1, 8, True)
+    assert probe._agent_pass(stopping=False) == STEADY_S
+    assert "sample" not in calls
+
+
+def test_a_probe_without_a_step_tracker_keeps_the_quick_cadence() -> None:
+    probe, _, calls = quiet_probe()
+    probe.tracker = None  # a job that never imported torch: nothing tells progress
+    for _ in range(3):
+        calls.clear()
+        assert probe._agent_pass(stopping=False) == FLUSH_S
+        assert calls[0] == "sample"
+
+
+def test_without_sending_the_hooks_queue_nothing_and_no_probe_thread_starts() -> None:
+    from trainmedic.probe.parts import PART_NAMES
+
+    assert "sending" in PART_NAMES
+    probe = Probe(ProbeConfig("unix:/nonexistent", "t", None, frozenset({"sending"}), frozenset()))
+    tracker = probe._ensure_tracker()
+    probe.emit(probe.event("note", "nothing goes out", {}))
+    train_step(tracker, 0.0)
+    probe._ensure_agent()
+    assert not probe.outbox and probe._agent is None
+    assert tracker.train_steps == 1  # the hooks' own work is done as usual

@@ -3,10 +3,30 @@
 :class:`ProbeAgent` is the part of :class:`trainmedic.probe.runtime.Probe` that
 runs on the probe's own thread (``trainmedic-probe``) and on the stack
 sampler's: the training thread only appends to the outbox, and this thread
-builds the step records from the queued drafts, sends them every
-:data:`FLUSH_S`, sends a heartbeat every :data:`HEARTBEAT_S` and asks the
-forward watch to look for new root modules. It also says which threads the
-stack sampler (:mod:`trainmedic.probe.sampling`) looks at, and when.
+builds the step records from the queued drafts, sends them, sends a heartbeat
+every :data:`HEARTBEAT_S` and asks the forward watch to look for new root
+modules. It also says which threads the stack sampler
+(:mod:`trainmedic.probe.sampling`) looks at, and when.
+
+Every time this thread runs it takes the interpreter lock from a training
+loop that runs Python much of its time, and the loop waits for it: what the
+thread costs the job is about its whole CPU time plus the hand-overs, not a
+share of the other core. So it runs as little as the supervisor needs:
+
+* while the job makes progress (its work or step counts moved since the
+  last look), once every :data:`STEADY_S` - the steps, the heartbeat and the
+  rest in one pass;
+* otherwise (start-up, a silence, a job the probe sees no work of) every
+  :data:`FLUSH_S`, with a liveness sample at each pass (a ``time.sleep(0)``
+  that times how long running Python code keeps the lock,
+  :mod:`trainmedic.probe.liveness`). The sample forces a hand-over when the
+  training thread runs Python, and what it tells (spinning in place or
+  parked in native code) only matters during a silence, so a job making
+  progress is not sampled.
+
+Measured on the 0.7 ms MLP (``benchmarks/overhead.py``, docs/performance.md):
+the training thread's waits for the lock and this thread's wake-ups both fell
+by about three quarters.
 """
 
 from __future__ import annotations
@@ -32,7 +52,10 @@ if TYPE_CHECKING:
     from trainmedic.probe.steps import StepDraft, StepTracker
 
 FLUSH_S = 0.25
-"""Seconds between two sends of the outbox."""
+"""Seconds between two passes of the probe's thread while the job shows no progress."""
+STEADY_S = 1.0
+"""Seconds between two passes while the job makes progress: step records reach the
+supervisor up to this late (each carries its own time), events too."""
 HEARTBEAT_S = 1.0
 """Seconds between two heartbeats."""
 FIRST_CONNECT_DELAY_S = 0.2
@@ -108,6 +131,8 @@ class ProbeAgent:
     _hello_due: bool
     _connected: bool
     _forward_mark: tuple[int, int, int, float, bool]
+    _progress_seen: tuple[int, int] | None  # (work, steps) at the last pass
+    _next_heartbeat: float  # time.monotonic() of the next heartbeat
 
     _dump_stacks: Callable[[], None]  # ProbeIncidents
     emit: Callable[[ProbeMessage], None]  # Probe
@@ -184,26 +209,13 @@ class ProbeAgent:
         stop = self._stop
         if stop.wait(FIRST_CONNECT_DELAY_S) and not self.outbox:
             return
-        next_heartbeat = 0.0
         try:
             while True:
                 stopping = stop.is_set()
-                now = time.monotonic()
-                if not stopping:
-                    self._sample_main()
-                if not stopping and now >= next_heartbeat:
-                    next_heartbeat = now + HEARTBEAT_S
-                    self._heartbeat()
-                if self.dump_requested:
-                    self.dump_requested = False
-                    self._dump_stacks()
-                self._send_cuda_info()
-                self._flush()
+                wait = self._agent_pass(stopping)
                 if stopping or self.failed:
                     return
-                self._watch_forward(now)
-                self._wake_detail()
-                stop.wait(FLUSH_S)
+                stop.wait(wait)
         except Exception:
             # The channel code itself failed (an interpreter shutting down, say):
             # stop reporting; the job goes on.
@@ -213,6 +225,36 @@ class ProbeAgent:
                 self._go_quiet()
             except Exception:
                 return
+
+    def _agent_pass(self, stopping: bool) -> float:
+        """One pass of the probe's thread; returns the seconds until the next one:
+        :data:`STEADY_S` when the job made progress since the last pass, else
+        :data:`FLUSH_S` (and only then is the training thread sampled for liveness)."""
+        now = time.monotonic()
+        seen, progress = self._progress_seen, self._progress()
+        self._progress_seen = progress
+        steady = seen is not None and progress is not None and progress != seen
+        if not stopping and not steady:
+            self._sample_main()
+        if not stopping and now >= self._next_heartbeat:
+            self._next_heartbeat = now + HEARTBEAT_S
+            self._heartbeat()
+        if self.dump_requested:
+            self.dump_requested = False
+            self._dump_stacks()
+        self._send_cuda_info()
+        self._flush()
+        if not stopping and not self.failed:
+            self._watch_forward(now)
+            self._wake_detail()
+        return STEADY_S if steady else FLUSH_S
+
+    def _progress(self) -> tuple[int, int] | None:
+        """The training thread's (work, steps) counts; ``None`` without a step tracker."""
+        tracker = self.tracker
+        if tracker is None:
+            return None
+        return tracker.work, sum(tracker.steps_by_phase.values())
 
     def _sample_main(self) -> None:
         """One sample of the training thread for the next heartbeat

@@ -27,6 +27,7 @@ PART_NAMES = (
     "exceptions",  # sys.excepthook chain and error files
     "forensics",  # stacks on demand when the supervisor declares a hang
     "keras",  # Keras and TensorFlow: fit's steps and phases, tf.data wait (probe.keras_hooks)
+    "sending",  # the probe's thread and what it sends; off: the hooks alone (benchmarks)
 )
 
 

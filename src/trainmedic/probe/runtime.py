@@ -11,8 +11,9 @@ off the job's start-up path.
 
 The training thread never does I/O for the probe. Hooks update the step
 tracker and append to an in-memory outbox; the background thread
-(:mod:`trainmedic.probe.agent`) builds the records, sends the outbox every
-:data:`~trainmedic.probe.agent.FLUSH_S` and a heartbeat every
+(:mod:`trainmedic.probe.agent`) builds the records and sends the outbox every
+:data:`~trainmedic.probe.agent.STEADY_S` while the job makes progress (every
+:data:`~trainmedic.probe.agent.FLUSH_S` otherwise), and a heartbeat every
 :data:`~trainmedic.probe.agent.HEARTBEAT_S`. At exit the rest is sent
 synchronously. A process that ends before its first connection
 (:data:`~trainmedic.probe.agent.FIRST_CONNECT_DELAY_S`) having nothing to say
@@ -121,7 +122,10 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.outbox: deque[ProbeMessage | StepDraft | tuple[StepDraft, Any, Any]] = deque()
         self.dropped = 0
         self.client: ChannelClient | None = None
-        self.failed = False  # the channel broke: queue nothing more
+        # The channel broke: queue nothing more. Without "sending" nothing is queued and
+        # no thread of the probe runs from the start: what the hooks alone cost a job
+        # (benchmarks/overhead.py --split); the run records no steps.
+        self.failed = not self.parts["sending"].on
         self.sampler: StackSampler | None = None
         self._stop = threading.Event()
         self._agent: threading.Thread | None = None
@@ -131,6 +135,8 @@ class Probe(ProbeAgent, ProbeIncidents):
         self._finished = False
         # (steps, forward calls, work, since when, discovery asked) as the agent last saw them.
         self._forward_mark: tuple[int, int, int, float, bool] = (0, 0, 0, 0.0, False)
+        self._progress_seen: tuple[int, int] | None = None
+        self._next_heartbeat = 0.0
         # Set by the stack signal's handler, read by the agent (no lock: see forensics).
         self.dump_requested = False
         self.stack_dumps: StackDumps | None = None
@@ -158,7 +164,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         when_imported("tf_keras", self._on_tf_keras)
 
     def _ensure_agent(self) -> None:
-        if self._agent is not None:
+        if self._agent is not None or not self.parts["sending"].on:
             return
         with self._agent_lock:
             if self._agent is None:
@@ -175,7 +181,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         if self.client is not None:
             self.client.abandon()
             self.client = None
-        self.failed = False
+        self.failed = not self.parts["sending"].on
         self.outbox = deque()
         self.dropped = 0
         self._stop = threading.Event()
@@ -186,6 +192,8 @@ class Probe(ProbeAgent, ProbeIncidents):
         self._finished = False
         self.dump_requested = False
         self._cuda_info_due = False
+        self._progress_seen = None
+        self._next_heartbeat = 0.0
         self.sampler = None
         if self.step_stats is not None:
             self.step_stats = type(self.step_stats)()

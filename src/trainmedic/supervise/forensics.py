@@ -54,8 +54,10 @@ DUMP_SETTLE_S = 0.06
 """A text dump is complete when the file stopped growing for this long."""
 DUMP_WAIT_S = 1.0
 """Longest wait for one process's text dump."""
-JSON_WAIT_S = 1.0
-"""Longest wait for the JSON dumps (the probe's thread polls every 0.25 s)."""
+JSON_WAIT_S = 1.5
+"""Longest wait for the JSON dumps: the probe's thread looks for the request every
+0.25 s in a process that stopped making progress (a hung one, a peer blocked on
+it), every second in one still making progress (``probe.agent.STEADY_S``)."""
 
 
 @dataclass(frozen=True)
