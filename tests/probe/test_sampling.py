@@ -23,6 +23,7 @@ from trainmedic.probe.sampling import (
     StackSampler,
     StepStats,
     WorkerPolicy,
+    wilson_half_width,
 )
 
 
@@ -71,19 +72,44 @@ def test_a_loader_bound_process_is_sampled_often_enough_for_its_diagnosis() -> N
         policy = MainPolicy(stats_of(0.01, share), lambda: None, clock)
         # The first samples of the wait come as fast as they can: a run of a few
         # seconds needs them all for its diagnosis.
-        periods = [policy.period("file_read") for _ in range(FIRST_SAMPLES)]
+        periods = [
+            policy.period("file_read" if i % 3 else "ipc_wait") for i in range(FIRST_SAMPLES)
+        ]
         assert periods[: FIRST_SAMPLES - 1] == [FIRST_S] * (FIRST_SAMPLES - 1)
         period = policy.period("file_read")
         assert FAST_S <= period < SLOW_S
-        # Then about WAIT_SAMPLES_PER_S samples of the wait a second, whatever its share.
+        # Then about WAIT_SAMPLES_PER_S samples of the wait a second, whatever its share,
+        # while the wait's make-up is uncertain (two kinds of wait here)...
         assert share / period == pytest.approx(WAIT_SAMPLES_PER_S, rel=0.05)
         while policy.taken < KNOWN_SAMPLES - 1:
-            assert policy.period("file_read") == period
+            assert policy.period("file_read" if policy.taken % 3 else "ipc_wait") == period
         # Once the wait's make-up is known, fewer: the period grows with the share
         # (a sample a second when the wait is 25 %), up to the healthy job's.
         later = policy.period("file_read")
         assert later == pytest.approx(min(SLOW_S, max(period, share / KNOWN_SAMPLES_PER_S)))
         assert later > period or later == SLOW_S
+
+
+def test_a_wait_of_one_kind_is_known_after_the_first_samples() -> None:
+    clock = Clock()
+    policy = MainPolicy(stats_of(0.01, 0.25), lambda: None, clock)
+    for _ in range(FIRST_SAMPLES):
+        policy.period("file_read")
+    # 64 samples, all one state: its share is 1 within 3 % (Wilson, 95 %), so the
+    # slow rate comes at once, 256 samples (about 50 s of this job) sooner.
+    assert policy.known
+    assert policy.period("file_read") == pytest.approx(0.25 / KNOWN_SAMPLES_PER_S)
+
+
+def test_a_mixed_wait_is_known_once_its_commonest_share_is_narrow() -> None:
+    policy = MainPolicy(stats_of(0.01, 0.25), lambda: None, Clock())
+    # 90 % file reads: the interval of 0.9 narrows to ±5 % at about 130 samples.
+    while not policy.known:
+        policy.period("ipc_wait" if policy.taken % 10 == 9 else "file_read")
+        assert policy.taken < KNOWN_SAMPLES
+    assert 110 <= policy.taken <= 150
+    assert wilson_half_width(9, 10) > wilson_half_width(90, 100) > wilson_half_width(900, 1000)
+    assert wilson_half_width(64, 64) == pytest.approx(0.0283, abs=1e-3)
 
 
 def test_a_stall_is_sampled_often_even_where_the_usual_wait_is_watched() -> None:
