@@ -205,3 +205,23 @@ def test_the_host_reading_carries_the_training_threads_counters_and_the_census(
     assert sample.steal_pct is not None and 0.0 <= sample.steal_pct <= 100.0
     (seen,) = census.seen.values()
     assert seen.pid == busy_job.pid and seen.python and seen.cpu_s > 0.2
+
+
+def test_a_costly_host_reading_is_spaced_out_to_its_cpu_budget(busy_job: psutil.Process) -> None:
+    cpu = [0.0]
+    cost = [0.002]
+
+    class Sampler(HostSampler):
+        def read(self) -> HostSample | None:
+            cpu[0] += cost[0]  # what the reading costs this thread, on a fake clock
+            return super().read()
+
+    sampler = Sampler(busy_job.pid, lambda s: None, cpu_budget=0.01, cpu_clock=lambda: cpu[0])
+    # 2 ms a reading (a one-process job): 0.2 % of a core at one a second, well inside 1 %.
+    assert sampler.sample_once() == pytest.approx(1.0)
+    assert sampler.last_cost_s == pytest.approx(0.002)
+    # 30 ms a reading (a job of hundreds of processes): every 3 s, so 1 % of a core.
+    cost[0] = 0.03
+    assert sampler.sample_once() == pytest.approx(3.0)
+    cost[0] = 0.004
+    assert sampler.sample_once() == pytest.approx(1.0)  # cheap again: back to one a second

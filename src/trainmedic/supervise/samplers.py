@@ -38,7 +38,12 @@ GPU_CPU_BUDGET = 0.01
 GPU_MAX_FAILURES = 5
 """Consecutive failed rounds after which GPU sampling stops (with an event)."""
 HOST_PERIOD_S = 1.0
-"""Seconds between host readings."""
+"""Seconds between host readings, at least."""
+HOST_CPU_BUDGET = 0.01
+"""Share of one core the host reading may use: where a reading costs more (a job
+of hundreds of processes, a machine of thousands, a slow ``/proc``), the readings
+are spaced out so that the supervisor - on the same cores as the job - keeps to it.
+A reading of a one-process job costs about 2 ms here (docs/performance.md)."""
 
 
 class SamplerThread(threading.Thread):
@@ -184,8 +189,14 @@ class HostSampler:
         period_s: float = HOST_PERIOD_S,
         threads: ThreadSampler | None = None,
         census: ProcessCensus | None = None,
+        cpu_budget: float = HOST_CPU_BUDGET,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.root_pid = root_pid
+        self.cpu_budget = cpu_budget
+        self._cpu_clock = cpu_clock
+        self.last_cost_s = 0.0
+        """CPU seconds the latest reading took (this thread's)."""
         self.threads = threads
         self.census = census
         self._sink = sink
@@ -213,10 +224,14 @@ class HostSampler:
             return []
 
     def sample_once(self) -> float:
+        """One reading; returns the seconds until the next: :attr:`period_s`, or longer
+        where the reading cost more than :attr:`cpu_budget` of a core over that."""
+        cpu0 = self._cpu_clock()
         sample = self.read()
         if sample is not None:
             self._sink(sample)
-        return self.period_s
+        self.last_cost_s = max(0.0, self._cpu_clock() - cpu0)
+        return max(self.period_s, self.last_cost_s / self.cpu_budget)
 
     def read(self) -> HostSample | None:
         now = self._monotonic()
