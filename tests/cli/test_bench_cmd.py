@@ -69,8 +69,14 @@ def _bench(tmp_path: Path, *extra: str, runs: int = 2) -> subprocess.Popen[str]:
          str(tmp_path / "bench"), "--json", str(tmp_path / "c.json"), *extra, "--",
          *job, "30", ":::", *job, "10"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=_ctrl_c_as_at_a_terminal,
     )  # fmt: skip
+
+
+def _ctrl_c_as_at_a_terminal() -> None:
+    # Tests started as a background job of a script inherit SIGINT ignored, and an
+    # ignored signal stays ignored across exec: bench would never see the Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.slow

@@ -75,7 +75,12 @@ finds the same state (the usual loader-bound job: one transform, one read) is kn
 after 64 samples instead of 320. Each wake-up takes the interpreter lock from the
 training loop (the job's own steps/s pays for it, docs/performance.md), so the
 first minute of such a job wakes the training thread about four times less often;
-a wait of mixed kinds is sampled as long as before."""
+a wait of mixed kinds is sampled as long as before, and so is a wait on others
+(:data:`WAITS_ON_OTHERS`): what those others do is sampled along with it
+(:mod:`trainmedic.probe.handoff`), and their make-up needs the samples."""
+WAITS_ON_OTHERS = frozenset({"ipc_wait", "socket_wait"})
+"""States of a training thread waiting on threads, processes or servers whose work is
+sampled with each of its samples: no early :attr:`MainPolicy.known` for them."""
 KNOWN_SAMPLES_PER_S = 1.0
 """Samples of waiting threads aimed for per second once :data:`KNOWN_SAMPLES` are
 taken: enough to follow a change of the wait's make-up over minutes. On the 0.7 ms
@@ -184,10 +189,10 @@ class MainPolicy:
     def known(self) -> bool:
         """Whether the wait's make-up is known well enough for the slow rate."""
         if not self._known and self.taken >= FIRST_SAMPLES:
-            top = max(self._states.values(), default=0)
-            self._known = (
-                self.taken >= KNOWN_SAMPLES
-                or wilson_half_width(top, self.taken) <= KNOWN_HALF_WIDTH
+            state, top = max(self._states.items(), key=lambda kv: kv[1], default=("", 0))
+            self._known = self.taken >= KNOWN_SAMPLES or (
+                state not in WAITS_ON_OTHERS
+                and wilson_half_width(top, self.taken) <= KNOWN_HALF_WIDTH
             )
         return self._known
 

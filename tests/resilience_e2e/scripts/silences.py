@@ -99,17 +99,27 @@ class Stalling(Remote):
         return torch.randn(64)
 
 
-def eigh_size(target_s: float) -> int:
-    """The matrix size whose eigendecomposition takes about ``target_s`` here."""
-    n = 1200
+def _eigh_s(n: int) -> float:
     a = torch.randn(n, n, dtype=torch.float64)
     a = a @ a.T
     t0 = time.perf_counter()
     torch.linalg.eigh(a)
-    took = max(1e-3, time.perf_counter() - t0)
+    return max(1e-3, time.perf_counter() - t0)
+
+
+def eigh_size(target_s: float) -> int:
+    """The matrix size whose eigendecomposition takes about ``target_s`` here.
+
+    Timed at 1200, then again nearer the size found: a large matrix uses the cores
+    better than a small one, so one small timing overestimates the large call's time
+    (3239, sized from 1200 for 10 s, took 4.8 s on two cores)."""
+    n = 1200
+    n = int(n * (target_s / _eigh_s(n)) ** (1 / 3))
+    near = min(max(n, 1200), 2400)
+    n = int(near * (target_s / _eigh_s(near)) ** (1 / 3))
     # At least 2200: a calibration slowed by other load must not shrink the call
     # below the floor (2000 took 11 s on two shared cores).
-    return int(min(5000, max(2200, n * (target_s / took) ** (1 / 3))))
+    return int(min(6000, max(2200, n)))
 
 
 def single(args: argparse.Namespace, first: bool) -> None:
