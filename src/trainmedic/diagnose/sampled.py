@@ -23,25 +23,14 @@ from here:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.wilson import wilson_interval as wilson_interval  # its users import it here
 
 SHARE_DIGITS = 4
-
-
-def wilson_interval(hits: float, n: float, z: float) -> tuple[float, float]:
-    """The Wilson score interval of ``hits`` successes in ``n`` trials, 0..1."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = min(1.0, max(0.0, hits / n))
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from types import FrameType
 
 from trainmedic.probe.stacks import FLUSH_S, ActivityAggregate, StackCache
 from trainmedic.record.types import LoaderActivity
+from trainmedic.wilson import wilson_half_width
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -218,15 +219,6 @@ class MainPolicy:
             if waited >= max(STALL_FLOOR_S, STALL_FACTOR * stats.step_s):
                 return FAST_S
         return period
-
-
-def wilson_half_width(hits: int, n: int, z: float = 1.96) -> float:
-    """Half the width of the Wilson score interval of a share ``hits / n``."""
-    if n <= 0:
-        return 1.0
-    p = hits / n
-    z2 = z * z
-    return z * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / (1.0 + z2 / n)
 
 
 class WorkerPolicy:
