@@ -353,8 +353,12 @@ CASES: tuple[Case, ...] = (
         "--layers", "3", store=e.quick_store), "run.healthy", "cpu"),
     # Short runs of tiny steps (pytorch/examples' regression): sampled enough to decide;
     # too short to sample, information that says what would settle it - never an error.
-    Case("poly-regression", "short run", lambda e: [e.python, e.script("poly_regression.py")],
-         "host.python", "cpu", check=_short_steps_python),
+    # The first fits to 3e-4 (~1250 steps, a quarter of a second): at the example's own
+    # 1e-3 (~285 steps, 50 ms) the samples taken between steps ranged 18-47 with the
+    # machine's speed, astride the 20 needed, so the case did not say one thing.
+    Case("poly-regression", "short run", lambda e: [
+        e.python, e.script("poly_regression.py"), "--tolerance", "3e-4"], "host.python", "cpu",
+        check=_short_steps_python),
     Case("poly-regression-40-steps", "short run", lambda e: [
         e.python, e.script("poly_regression.py"), "--max-steps", "40"], "host.unexplained",
         "framework_config", check=_says_what_settles_it, severities=("info",)),

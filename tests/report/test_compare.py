@@ -274,6 +274,22 @@ def test_a_drift_too_small_to_explain_a_large_change_leaves_it_standing() -> Non
     assert d.verdict == "inconclusive" and "still slowing down" in d.reasons[0]
 
 
+def test_one_drifting_run_of_three_moves_its_side_by_its_share_of_the_mean() -> None:
+    # 1.5x faster, three runs a side; one "after" run's second half ran 1/1.37 the rate
+    # of its first. Alone that run could be off by 1.37x; as a third of its side's mean
+    # it moves the side by about 1.12x, which cannot explain the 1.4x measured.
+    befores = [run(0.05, jitter=0.02, seed=i) for i in range(3)]
+    drifting = run(0.05 / 1.5, jitter=0.02, seed=11, drift=0.37)
+    afters = [run(0.05 / 1.5, jitter=0.02, seed=10), drifting,
+              run(0.05 / 1.5, jitter=0.02, seed=12)]  # fmt: skip
+    c = compare_groups(befores, afters, [[]] * 3, [[]] * 3, run_noise=0.0)
+    assert c.verdict == "faster" and c.reasons == (), (c.speedup_ci, c.reasons)
+    # The same drift in a single pair can explain the change: held open, and said.
+    pair = compare_runs(befores[0], drifting, [], [], run_noise=0.0)
+    assert pair.speedup_ci is not None and pair.speedup_ci[0] > 1.03
+    assert pair.verdict == "inconclusive" and "still slowing down" in pair.reasons[0]
+
+
 def test_another_version_of_the_script_is_listed_not_held_against_the_verdict() -> None:
     before, after = run(0.05, seed=1), run(0.025, seed=2)
     before.meta = dataclasses.replace(before.meta, environment={"script": {

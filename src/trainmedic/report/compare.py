@@ -404,16 +404,25 @@ def _more_evidence(
 
 def _warming_up(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[tuple[float, str]]:
     """Runs whose second half of steady steps ran :data:`WARMUP_TREND` faster or slower
-    than their first: (the factor, in words)."""
+    than their first: (the most it can move its side's figure, as a factor; in words).
+
+    A run drifting by a factor ``d`` may be off by as much itself; its side's figure, the
+    mean of that side's run rates, moves by its weight in that mean: ``1 + w (d - 1)``,
+    so one drifting run of three moves its side by about a third of its drift."""
     out = []
-    for r in (*b, *a):
-        if r.halves is None or min(r.halves) <= 0:
-            continue
-        first, second = r.halves
-        if abs(second / first - 1.0) >= WARMUP_TREND:
+    for side in (b, a):
+        total = sum(r.rate or 0.0 for r in side)
+        for r in side:
+            if r.halves is None or min(r.halves) <= 0:
+                continue
+            first, second = r.halves
+            if abs(second / first - 1.0) < WARMUP_TREND:
+                continue
+            drift = max(second / first, first / second)
+            weight = (r.rate or 0.0) / total if total > 0 and len(side) > 1 else 1.0
             how = "speeding up" if second > first else "slowing down"
             out.append((
-                max(second / first, first / second),
+                1.0 + weight * (drift - 1.0),
                 f"{r.name} was still {how}: its second half of steady steps ran "
                 f"{second / first:.2f}x the rate of its first (run longer, or the rate "
                 "is no one figure)",
