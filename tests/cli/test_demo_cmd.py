@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from support.readable import assert_readable
 from trainmedic.cli.main import main
 from trainmedic.demo.scenarios import SCENARIOS, TOLERATED
 
@@ -127,6 +128,9 @@ def test_readme_first_command_runs_the_default_demo_and_says_where_the_report_is
     args = shlex.split(commands[0].split("&&")[1])[1:]  # what follows .venv/bin/trainmedic
     got = trainmedic(*args, cwd=tmp_path)
     assert got.returncode == 0, got.stderr
+    # What a new user reads: the step-time bar on top, a few facts a finding, fixes to paste.
+    assert "a step's time" in got.stderr and "▒ waiting for data" in got.stderr
+    assert_readable(got.stderr, 80)
     found = re.search(r"^  report: (\S+/report\.html)$", got.stderr, re.M)
     assert found is not None, got.stderr
     report = tmp_path / found.group(1)

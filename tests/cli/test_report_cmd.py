@@ -69,9 +69,14 @@ def test_terminal_report_shows_run_summary_and_findings(
     assert "90.0 s" in out  # duration
     assert "exit code" in out
     assert "300 (" in out  # steps
-    assert "4.00 steps/s" in out
-    assert "128.0 samples/s" in out
+    assert "4 steps/s" in out
+    assert "128 samples/s" in out
     assert "40%" in out  # data wait share
+    # Where a step's time goes, on top: 0.1 s waiting, 0.1 s in the step, 0.05 s other.
+    assert "a step's time" in out.split("steps ")[0]
+    # No DataLoader in this record: the wait is the loop's own time between steps.
+    assert "▒ between steps 40%" in out and "█ forward/backward/optimizer 40%" in out
+    assert "░ other host work 20%" in out
     assert "The GPU waits for data 40% of each step" in out
     assert "DataLoader(num_workers=6)" in out
 

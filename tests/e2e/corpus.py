@@ -115,6 +115,7 @@ class Outcome:
     wall_s: float = 0.0
     supervisor_cpu_share: float | None = None
     stderr: str = ""
+    run_dir: Path | None = None
 
     @property
     def got(self) -> str:
@@ -499,6 +500,7 @@ def run_case(case: Case, env: Env, timeout: float = 300) -> Outcome:
     outcome.wall_s = wall
     outcome.supervisor_cpu_share = _supervisor_share(run_dir)
     outcome.stderr = got.stderr[-2000:]
+    outcome.run_dir = run_dir
     return outcome
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from support.readable import check_run_findings
+
 from .corpus import BY_NAME, CASES, Outcome, run_case, servers
 
 #: cases run by tests of their own in test_e2e_diagnosis.py
@@ -21,6 +23,9 @@ def check(outcome: Outcome) -> None:
     summary = [(f["id"], f["severity"], f["impact"]) for f in outcome.findings]
     detail = json.dumps(outcome.first, indent=1)[:3000] if outcome.first else outcome.stderr
     assert outcome.result == "match", f"{outcome.case.name}: {summary}\n{detail}"
+    if outcome.run_dir is not None:  # read as a person would, at 80 and 120 columns
+        meta = json.loads((outcome.run_dir / "meta.json").read_text())
+        check_run_findings(outcome.findings, outcome.run_dir, meta["command"])
 
 
 @pytest.mark.slow

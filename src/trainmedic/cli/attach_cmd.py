@@ -25,6 +25,7 @@ from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError
 from trainmedic.findings.model import FindingsDocument
 from trainmedic.ostext import printable
+from trainmedic.report.fix_text import Known
 
 if TYPE_CHECKING:
     from trainmedic.attach.observe import Observation
@@ -337,7 +338,9 @@ def _print(
     for m in machine.get("problems") or []:
         console.print(f"[yellow]machine:[/] {escape(printable(m['title']))} ({m['id']})")
     console.print()
-    render_findings(console, document.findings, "findings")
+    # The fixes' "py-spy dump --pid PID" is this job's training process, still running.
+    pid = threads[0].process.pid if threads else obs.tree.root
+    render_findings(console, document.findings, "findings", known=Known(pid=pid))
 
 
 COMMAND = attach

@@ -110,9 +110,11 @@ def _print_report(facts: MachineFacts, findings: list[Finding], brief: bool) -> 
     gpus = len(facts.gpu.samples)
     where = f"{facts.host.hostname}: {gpus} GPU(s) via {facts.gpu.backend}"
     render_heading = f"trainmedic doctor — {where}"
+    from trainmedic.report.fix_text import Known
     from trainmedic.report.terminal import render_findings
 
-    render_findings(console, findings, render_heading, show_info=not brief)
+    known = Known(evidence_at="trainmedic doctor --json -")
+    render_findings(console, findings, render_heading, show_info=not brief, known=known)
 
 
 COMMAND = doctor

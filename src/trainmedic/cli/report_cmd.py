@@ -9,6 +9,7 @@ never over a file trainmedic did not write for that purpose (the rules are in
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
 from trainmedic.findings.model import Finding
 from trainmedic.ostext import path_problem, printable
+from trainmedic.record.layout import FINDINGS_FILE
 from trainmedic.record.types import RunRecord
+from trainmedic.report.fix_text import Known
 from trainmedic.report.run_findings import diagnose_merged, load_or_diagnose
 
 
@@ -97,16 +100,17 @@ def report(
 
     to_stdout = json_out == "-"
     data = document.to_json()
+    known = _known(directories, record)
     if to_stdout:
         sys.stdout.write(data)
     else:
-        _print_report(record, findings, brief)
+        _print_report(record, findings, brief, known)
     if "--json" in outputs:
         write_output(outputs["--json"], lambda f: f.write(data))
     if "--html" in outputs:
         from trainmedic.report.html import render_html_report
 
-        page = render_html_report(record, findings)
+        page = render_html_report(record, findings, known)
         write_output(outputs["--html"], lambda f: f.write(page))
     if "--trace" in outputs:
         from trainmedic.report.trace import dump_chrome_trace
@@ -124,22 +128,45 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
-def _print_report(record: RunRecord, findings: list[Finding], brief: bool) -> None:
+def _known(directories: list[Path], record: RunRecord) -> Known:
+    """What the fixes' placeholders stand for: one run's directory and command (several
+    merged runs have no one directory), and where the full evidence is."""
+    if len(directories) != 1:
+        return Known(command=record.meta.command, evidence_at="trainmedic report ... --json -")
+    directory = directories[0]
+    stored = directory / FINDINGS_FILE
+    try:
+        evidence_at = str(stored) if stored.is_file() else None
+    except OSError:
+        evidence_at = None
+    again = f"trainmedic report {shlex.quote(printable(str(directory)))} --json -"
+    return Known(
+        run_dir=directory,
+        command=record.meta.command,
+        evidence_at=printable(evidence_at) if evidence_at else again,
+    )
+
+
+def _print_report(
+    record: RunRecord, findings: list[Finding], brief: bool, known: Known | None = None
+) -> None:
     from trainmedic.record.stats import summarize
     from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
-    from trainmedic.report.ranks import render_nodes, render_ranks
+    from trainmedic.report.ranks import ranks_of_record, render_nodes, render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console = Console(highlight=False)
-    render_run_summary(console, record.meta, summarize(record))
+    render_run_summary(
+        console, record.meta, summarize(record), ranks_of_record(record), bool(record.loaders)
+    )
     console.print()
     render_nodes(console, record)
     render_ranks(console, record)
     render_incidents(console, record)
     render_applied(console, record)
-    render_findings(console, findings, "findings", show_info=not brief)
+    render_findings(console, findings, "findings", show_info=not brief, known=known)
 
 
 COMMAND = report

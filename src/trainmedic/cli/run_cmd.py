@@ -25,6 +25,7 @@ from trainmedic.findings.model import Finding
 from trainmedic.ostext import printable
 from trainmedic.record.guard import record_loss_finding
 from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE, PROFILES_DIR
+from trainmedic.report.fix_text import Known
 from trainmedic.report.run_findings import run_document
 
 if TYPE_CHECKING:
@@ -265,15 +266,21 @@ def _diagnose_and_report(
     )
     ranked = list(document.findings)
     where: Path | None = run_dir
-    if not _write_file(run_dir / FINDINGS_FILE, document.to_json):
+    wrote = _write_file(run_dir / FINDINGS_FILE, document.to_json)
+    known = Known(
+        run_dir=run_dir,
+        command=record.meta.command,
+        evidence_at=printable(str(run_dir / FINDINGS_FILE)) if wrote else None,
+    )
+    if not wrote:
         where = None
     if write_html:
         from trainmedic.report.html import render_html_report
 
-        if _write_file(run_dir / HTML_FILE, lambda: render_html_report(record, ranked)):
+        if _write_file(run_dir / HTML_FILE, lambda: render_html_report(record, ranked, known)):
             where = run_dir / HTML_FILE
     with contextlib.suppress(OSError, ValueError):
-        _print_summary(console, record, ranked, where, plan)
+        _print_summary(console, record, ranked, where, plan, known)
     return ranked
 
 
@@ -308,21 +315,24 @@ def _print_summary(
     findings: list[Finding],
     where: Path | None,
     plan: dict[str, Any] | None = None,
+    known: Known | None = None,
 ) -> None:
     from trainmedic.record.stats import summarize
     from trainmedic.report.applied import render_applied
     from trainmedic.report.incidents import render_incidents
-    from trainmedic.report.ranks import render_ranks
+    from trainmedic.report.ranks import ranks_of_record, render_ranks
     from trainmedic.report.run_summary import render_run_summary
     from trainmedic.report.terminal import render_findings
 
     console.print()
-    render_run_summary(console, record.meta, summarize(record))
+    render_run_summary(
+        console, record.meta, summarize(record), ranks_of_record(record), bool(record.loaders)
+    )
     console.print()
     render_ranks(console, record)
     render_incidents(console, record)
     render_applied(console, record, None if plan is None else str(plan.get("source")))
-    render_findings(console, findings, "findings")
+    render_findings(console, findings, "findings", known=known)
     if where is not None:
         console.print(f"\nreport: {printable(str(where))}", soft_wrap=True, markup=False)
 

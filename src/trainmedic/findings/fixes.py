@@ -48,7 +48,7 @@ MICRO_BATCH_FIX = (
 MIXED_PRECISION_CHECK_FIX = (
     "Measure it on your model first: trainmedic.check_mixed_precision(model, batch, loss_fn) "
     "compares bf16/fp16 autocast with float32 (speed, memory, loss); "
-    "trainmedic run --apply-from RUN_DIR turns on TF32 matmuls without code changes."
+    "trainmedic run --apply-from RUN_DIR -- CMD turns on TF32 matmuls without code changes."
 )
 """Full precision on tensor-core GPUs."""
 

@@ -23,19 +23,22 @@ from typing import Any
 
 from trainmedic.atomicfile import write_atomic
 from trainmedic.findings.model import Finding, Severity, rank_findings
+from trainmedic.record.ranks import RankStats
 from trainmedic.record.stats import RunSummary, summarize
 from trainmedic.record.types import RunRecord
+from trainmedic.report.breakdown import bar_html, of_ranks, of_summary
+from trainmedic.report.facts import facts, format_value
+from trainmedic.report.fix_text import Known, fill
 from trainmedic.report.html_page import render_page
 from trainmedic.report.html_plots import Clock, gpu_section, host_section, step_section
 from trainmedic.report.incidents import incidents_html
-from trainmedic.report.ranks import ranks_html
+from trainmedic.report.ranks import ranks_html, ranks_of_record
 from trainmedic.report.run_summary import (
     format_command,
     format_duration,
     format_exit_code,
     summary_rows,
 )
-from trainmedic.report.terminal import format_evidence_value
 
 #: most events listed in the page.
 MAX_EVENTS_LISTED = 500
@@ -43,22 +46,33 @@ MAX_EVENTS_LISTED = 500
 SEVERITY_COLOUR = {Severity.ERROR: "#c62828", Severity.WARNING: "#b26a00", Severity.INFO: "#1565c0"}
 
 
-def write_html_report(record: RunRecord, findings: Sequence[Finding], path: Path) -> None:
+def write_html_report(
+    record: RunRecord, findings: Sequence[Finding], path: Path, known: Known | None = None
+) -> None:
     """Write the report of ``record`` and its ``findings`` to ``path`` (replaced atomically)."""
-    page = render_html_report(record, findings)
+    page = render_html_report(record, findings, known)
     write_atomic(path, page)
 
 
-def render_html_report(record: RunRecord, findings: Sequence[Finding]) -> str:
-    """The whole page as a string (see :func:`write_html_report`)."""
+def render_html_report(
+    record: RunRecord, findings: Sequence[Finding], known: Known | None = None
+) -> str:
+    """The whole page as a string (see :func:`write_html_report`). Its first screen says
+    what is wrong and what to do: the command, where a step's time goes, the findings
+    with their fixes; the run's details and plots follow."""
     clock = Clock.of(record)
     figures: list[dict[str, Any]] = []
+    summary = summarize(record)
+    if known is None:
+        known = Known(command=record.meta.command)
     sections = [
+        _title(record),
+        breakdown_html(summary, ranks_of_record(record), bool(record.loaders)),
+        findings_html(findings, known),
         _header(record),
-        _summary(summarize(record)),
+        _summary(summary),
         ranks_html(record),
         incidents_html(record),
-        findings_html(findings),
         '<h2 id="plots">Over the run</h2>',
         step_section(record, clock, figures),
         gpu_section(record, clock, figures),
@@ -70,6 +84,28 @@ def render_html_report(record: RunRecord, findings: Sequence[Finding]) -> str:
 
 
 # --- header, summary, findings ---------------------------------------------------------
+
+
+def _title(record: RunRecord) -> str:
+    meta = record.meta
+    return (
+        "<h1>trainmedic run report</h1>\n"
+        f'<p class="lede"><code>{_e(_command(record))}</code> · {_e(format_duration(meta))} · '
+        f"exit code {_e(format_exit_code(meta.exit_code))}</p>"
+    )
+
+
+def breakdown_html(s: RunSummary, ranks: Sequence[RankStats] = (), loader: bool = True) -> str:
+    """Where a step's time goes: the job's bar, then one per rank."""
+    job = of_summary(s, loader)
+    bars = ([job] if job else []) + of_ranks(ranks, loader)
+    if not bars:
+        return ""
+    return (
+        '<section class="breakdowns"><h2 id="time">Where a step\'s time goes</h2>\n'
+        + "\n".join(bar_html(b) for b in bars)
+        + "</section>"
+    )
 
 
 def _header(record: RunRecord) -> str:
@@ -84,7 +120,7 @@ def _header(record: RunRecord) -> str:
         ("GPU backend", _e(meta.gpu_backend)),
         ("trainmedic", _e(meta.trainmedic_version or "unknown")),
     ]
-    return "<h1>trainmedic run report</h1>\n" + _table(rows, "meta")
+    return '<h2 id="run">The run</h2>\n' + _table(rows, "meta")
 
 
 def _summary(s: RunSummary) -> str:
@@ -92,8 +128,9 @@ def _summary(s: RunSummary) -> str:
     return '<h2 id="summary">Summary</h2>\n' + _table(rows, "summary")
 
 
-def findings_html(findings: Sequence[Finding]) -> str:
-    """The findings section, ranked, with their fixes and evidence (escaped)."""
+def findings_html(findings: Sequence[Finding], known: Known | None = None) -> str:
+    """The findings section, ranked: each with its facts and its fix (``known`` fills
+    the fix's placeholders), the full evidence behind a disclosure (escaped)."""
     ranked = rank_findings(findings)
     counts = {sev: sum(1 for f in ranked if f.severity is sev) for sev in Severity}
     head = (
@@ -103,10 +140,10 @@ def findings_html(findings: Sequence[Finding]) -> str:
     )
     if not ranked:
         return head + '\n<p class="none">No findings.</p>'
-    return head + "\n" + "\n".join(_finding(f) for f in ranked)
+    return head + "\n" + "\n".join(_finding(f, known) for f in ranked)
 
 
-def _finding(f: Finding) -> str:
+def _finding(f: Finding, known: Known | None) -> str:
     colour = SEVERITY_COLOUR[f.severity]
     impact = ""
     if f.impact is not None:
@@ -118,13 +155,20 @@ def _finding(f: Finding) -> str:
         f'<h3><span class="sev" style="background:{colour}">{f.severity.value.upper()}</span> '
         f"{_e(f.title)}{subject}{impact}</h3>",
     ]
+    said = facts(f.id, f.evidence)
+    if said:
+        parts.append('<ul class="facts">' + "".join(f"<li>{_e(x)}</li>" for x in said) + "</ul>")
     if f.fix:
-        parts.append(f'<p class="fix"><b>Fix:</b> {_e(f.fix)}</p>')
+        parts.append(f'<p class="fix"><b>Fix:</b> {_e(fill(f.fix, known))}</p>')
     if f.detail:
         parts.append(f'<p class="detail">{_e(f.detail)}</p>')
     if f.evidence:
-        rows = [(str(k), _e(format_evidence_value(v))) for k, v in f.evidence.items()]
-        parts.append(_table(rows, "evidence"))
+        rows = [(str(k), _e(format_value(str(k), v))) for k, v in f.evidence.items()]
+        parts.append(
+            f"<details><summary>all {len(f.evidence)} evidence values</summary>"
+            + _table(rows, "evidence")
+            + "</details>"
+        )
     parts.append(f'<p class="id">{_e(f.category.value)} · <code>{_e(f.id)}</code></p>')
     parts.append("</section>")
     return "\n".join(parts)

@@ -63,6 +63,15 @@ margin-left:.5em}.fix{background:#e8f5e9;padding:.4em .6em;border-radius:3px}
 .id{color:#777;font-size:.85em}.empty,.none,.note{color:#666;font-style:italic}
 pre{white-space:pre-wrap;font-size:.85em}code{font-size:.95em}
 #tm-errors{color:#b71c1c;font-weight:600}.plot{width:100%}
+.lede{color:#444;margin-top:0}.lede code{word-break:break-all}
+.facts{margin:.3em 0 .5em;padding-left:1.3em}.facts li{margin:.1em 0}
+details summary{cursor:pointer;color:#555;font-size:.9em}
+.breakdown{display:grid;grid-template-columns:6em 1fr;gap:.2em .8em;align-items:center;
+margin:.5em 0}.breakdown .bar{display:flex;height:1.4em;border-radius:3px;overflow:hidden;
+background:#eee}.breakdown .part{display:block;height:100%}.breakdown .legend{grid-column:2;
+font-size:.9em;color:#333}.breakdown .key{margin-right:1.2em;white-space:nowrap}
+.breakdown .swatch{display:inline-block;width:.8em;height:.8em;border-radius:2px;
+margin-right:.3em;vertical-align:-.05em}.breakdown .who{color:#555;font-weight:600}
 """
 
 # Runs first: records script errors so a broken page says so (and tests can see it).

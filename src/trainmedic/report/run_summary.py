@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import shlex
 import signal
+from collections.abc import Sequence
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
+from trainmedic.record.ranks import RankStats
 from trainmedic.record.stats import RunSummary
 from trainmedic.record.types import RunMeta
+from trainmedic.report.breakdown import BAR_CELLS, bar_text, legend_lines, of_ranks, of_summary
+from trainmedic.report.facts import format_seconds_short, significant
+
+STEP_LABEL = "a step's time"
 
 
 def format_command(meta: RunMeta) -> str:
@@ -52,16 +59,22 @@ def format_share(value: float | None) -> str:
     return "not measured" if value is None else f"{value:.0%}"
 
 
-def format_rate(value: float | None, unit: str, digits: int = 2) -> str:
-    return "not measured" if value is None else f"{value:,.{digits}f} {unit}"
+def format_rate(value: float | None, unit: str) -> str:
+    """``2,792 steps/s``, ``12.3 steps/s``, ``0.5 steps/s``: three significant digits,
+    every digit of the whole part."""
+    return "not measured" if value is None else f"{significant(value)} {unit}"
+
+
+def format_gpu_util(pct: float | None) -> str:
+    return "not measured" if pct is None else f"{pct:.0f}%"
 
 
 def format_step_time(s: RunSummary) -> str:
     """Median and p90 step time in milliseconds."""
     if s.step_time_median_s is None:
         return "not measured"
-    p90 = "" if s.step_time_p90_s is None else f" / p90 {s.step_time_p90_s * 1000:,.1f} ms"
-    return f"median {s.step_time_median_s * 1000:,.1f} ms{p90}"
+    p90 = "" if s.step_time_p90_s is None else f" / p90 {format_seconds_short(s.step_time_p90_s)}"
+    return f"median {format_seconds_short(s.step_time_median_s)}{p90}"
 
 
 def format_steps(s: RunSummary) -> str:
@@ -83,19 +96,50 @@ def summary_rows(s: RunSummary) -> list[tuple[str, str]]:
         ("steps", format_steps(s)),
         ("processes", str(s.processes)),
         ("steps/s (per process)", format_rate(s.steps_per_s, "steps/s")),
-        ("samples/s (job)", format_rate(s.samples_per_s, "samples/s", 1)),
+        ("samples/s (job)", format_rate(s.samples_per_s, "samples/s")),
         ("step time", format_step_time(s)),
         ("data wait share", format_share(s.data_wait_share)),
-        ("GPU utilization (mean)", format_rate(s.gpu_utilization_mean_pct, "%", 0)),
+        ("GPU utilization (mean)", format_gpu_util(s.gpu_utilization_mean_pct)),
     ]
 
 
-def render_run_summary(console: Console, meta: RunMeta, s: RunSummary) -> None:
-    """Print the run's headline: a heading, then one aligned line per row."""
+def render_run_summary(
+    console: Console,
+    meta: RunMeta,
+    s: RunSummary,
+    ranks: Sequence[RankStats] = (),
+    loader: bool = True,
+) -> None:
+    """Print the run's headline: a heading, what ran, where a step's time goes (one bar
+    for the job, one per rank of a distributed run), then one aligned line per number.
+    ``loader``: the job read its batches from a DataLoader (else the time between steps
+    is the loop's own batch preparation and code, and is named so)."""
     console.print(Text(f"trainmedic run {meta.run_id}", style="bold underline"))
-    rows = header_rows(meta) + summary_rows(s)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        line = Text(f"  {label:<{width}}  ", style="dim")
-        line.append(value)
-        console.print(line)
+    head, numbers = header_rows(meta), summary_rows(s)
+    job = of_summary(s, loader)
+    bars = ([job] if job else []) + of_ranks(ranks, loader)
+    labels = [STEP_LABEL if b.who == "job" else b.who for b in bars]
+    width = 2 + max(len(label) for label in [*labels, *(k for k, _ in head + numbers)])
+
+    def grid(wrap: bool) -> Table:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(no_wrap=True, style="dim", min_width=width)
+        table.add_column(ratio=1 if wrap else None, overflow="fold", no_wrap=not wrap)
+        return table
+
+    top = grid(True)
+    for label, value in head:
+        top.add_row(f"  {label}", value)
+    console.print(top)
+    if bars:
+        room = max(20, console.width - width - 3)
+        lines = grid(False)
+        for label, b in zip(labels, bars, strict=True):
+            lines.add_row(f"  {label}", bar_text(b, min(BAR_CELLS, room)))
+            for line in legend_lines(b, room):
+                lines.add_row("", line)
+        console.print(lines)
+    rest = grid(True)
+    for label, value in numbers:
+        rest.add_row(f"  {label}", value)
+    console.print(rest)

@@ -6,30 +6,19 @@ plain text when stdout is a pipe or a file (rich decides from the console).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import io
+from collections.abc import Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from trainmedic.findings.model import Finding, Severity, rank_findings
+from trainmedic.report.facts import facts
+from trainmedic.report.fix_text import Known, fill
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 SEVERITY_MARK = {Severity.ERROR: "✖", Severity.WARNING: "▲", Severity.INFO: "●"}
-
-
-def format_evidence_value(value: Any) -> str:
-    """Short human form of one evidence value."""
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.3f}".rstrip("0").rstrip(".")
-    if isinstance(value, (list, tuple)):
-        return ", ".join(format_evidence_value(v) for v in value)
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={format_evidence_value(v)}" for k, v in value.items())
-    return str(value)
 
 
 def group_by_category(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
@@ -40,8 +29,47 @@ def group_by_category(findings: Iterable[Finding]) -> list[tuple[str, list[Findi
     return list(groups.items())
 
 
-def render_finding(f: Finding) -> Table:
-    """One finding as a grid whose wrapped lines stay under their label."""
+EVIDENCE_LINES = 6
+"""Terminal lines of evidence per finding at most, wrapped lines counted."""
+LABEL_CELLS = 14
+"""Columns before a finding's text: the indent, the label and the gaps."""
+
+
+def evidence_lines(f: Finding, known: Known | None, width: int) -> list[str]:
+    """The facts of ``f`` that fit in :data:`EVIDENCE_LINES` lines of ``width``
+    characters (each at most two), then where the rest of its evidence is."""
+    where = known.evidence_at if known is not None else None
+    measure = Console(width=width, file=io.StringIO())
+
+    def two_lines(text: str) -> tuple[str, int]:
+        """``text`` and the lines it takes, cut to two (a long frame or path)."""
+        lines = Text(text).wrap(measure, width)
+        if len(lines) > 2:
+            text = " ".join(line.plain.strip() for line in lines[:2])[: 2 * width - 8] + "…"
+            lines = Text(text).wrap(measure, width)
+        return text, len(lines)
+
+    tail = None
+    if where:  # never cut: a path cut short is no path
+        said = f"all {len(f.evidence)} values: {where}"
+        tail = (said, len(Text(said).wrap(measure, width)))
+    room = EVIDENCE_LINES - (tail[1] if tail else 0)
+    out: list[str] = []
+    for fact in facts(f.id, f.evidence):
+        fact, need = two_lines(fact)
+        if need > room:
+            break
+        out.append(fact)
+        room -= need
+    if tail and len(f.evidence) > len(out):
+        out.append(tail[0])
+    return out
+
+
+def render_finding(f: Finding, known: Known | None = None, width: int = 80) -> Table:
+    """One finding as a grid whose wrapped lines stay under their label: the title and
+    its impact, a few facts in words (:mod:`trainmedic.report.facts`), the fix with
+    what trainmedic knows filled in (:mod:`trainmedic.report.fix_text`)."""
     style = SEVERITY_STYLE[f.severity]
     grid = Table.grid(padding=(0, 1))
     grid.add_column(width=1)
@@ -49,17 +77,18 @@ def render_finding(f: Finding) -> Table:
     grid.add_column(ratio=1, overflow="fold")
     head = Text(f.title, style="bold")
     if f.impact is not None:
-        head.append(f"  (~{f.impact:.0%} of time)", style="dim")
+        share = "<1%" if f.impact < 0.005 else f"~{f.impact:.0%}"
+        head.append(f"  ({share} of time)", style="dim")
     grid.add_row(
         "", Text(f"{SEVERITY_MARK[f.severity]} {f.severity.value.upper()}", style=style), head
     )
-    if f.evidence:
-        ev = "; ".join(f"{k}={format_evidence_value(v)}" for k, v in f.evidence.items())
-        grid.add_row("", Text("evidence", style="dim"), Text(ev, style="dim"))
+    lines = evidence_lines(f, known, max(20, width - LABEL_CELLS))
+    for i, line in enumerate(lines):
+        grid.add_row("", Text("evidence" if i == 0 else "", style="dim"), Text(line))
     if f.detail:
         grid.add_row("", Text("why", style="dim"), Text(f.detail))
     if f.fix:
-        grid.add_row("", Text("fix", style="green"), Text(f.fix))
+        grid.add_row("", Text("fix", style="green"), Text(fill(f.fix, known)))
     grid.add_row("", Text("id", style="dim"), Text(f.id, style="dim"))
     return grid
 
@@ -69,8 +98,10 @@ def render_findings(
     findings: Sequence[Finding],
     heading: str,
     show_info: bool = True,
+    known: Known | None = None,
 ) -> None:
-    """Print a heading, then the findings grouped by category, then a summary line."""
+    """Print a heading, then the findings grouped by category, then a summary line;
+    ``known`` fills the fixes' placeholders and says where the full evidence is."""
     console.print(Text(heading, style="bold underline"))
     shown = [f for f in findings if show_info or f.severity is not Severity.INFO]
     if not shown:
@@ -79,7 +110,7 @@ def render_findings(
         console.print()
         console.print(Text(f"[{category}]", style="bold magenta"))
         for f in items:
-            console.print(render_finding(f))
+            console.print(render_finding(f, known, console.width))
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
     console.print()
     summary = Text("summary: ")
