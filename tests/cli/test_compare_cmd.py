@@ -126,6 +126,14 @@ def test_outputs_never_go_into_a_run_directory(
     assert code == 2 and "would write into the run directory" in err
     before = (a / "findings.json").read_text()
     assert (a / "findings.json").read_text() == before
+    # Nor into its subfolders, new file or old, with --force or without.
+    attempt = b / "attempts" / "1" / "attempt.json"
+    attempt.parent.mkdir(parents=True, exist_ok=True)
+    attempt.write_text('{"mine": 1}')
+    for target, extra in ((attempt, ["--force"]), (attempt.parent / "x.json", [])):
+        code, _, err = run_cli(capsys, "compare", str(a), str(b), "--json", str(target), *extra)
+        assert code == 2 and f"would write into the run directory {b}" in err, err
+    assert attempt.read_text() == '{"mine": 1}' and not (attempt.parent / "x.json").exists()
     code, _, err = run_cli(
         capsys, "compare", str(a), str(b), "--html", str(tmp_path / "x" / "y.html")
     )

@@ -13,7 +13,11 @@ from trainmedic.errors import InputError
 from trainmedic.findings.model import Category, Finding, FindingsDocument, Severity
 from trainmedic.record.store import RunRecordWriter
 from trainmedic.record.types import RunEvent, RunRecord
-from trainmedic.remedies.apply_plan import ApplyPlan, plan_from
+from trainmedic.remedies.apply_plan import ApplyPlan, bound_to_machine, plan_from
+from trainmedic.remedies.limits import LoaderLimits
+
+BIG = LoaderLimits(usable_cores=64.0, memory_available_bytes=None, shm_free_bytes=None)
+"""A machine that bounds none of the settings these tests plan."""
 
 
 def write_run(record: RunRecord, run_dir: Path, findings: list[Finding] | None = None) -> Path:
@@ -82,7 +86,7 @@ def test_findings_json_is_read_when_present_and_info_findings_are_not_applied(
         tmp_path / "run",
         [finding(Severity.WARNING, 3, "input.io"), finding(Severity.INFO, 9, "input.hint")],
     )
-    plan = plan_from(run)
+    plan = plan_from(run, limits=BIG)
     assert plan.dataloader == {"num_workers": 3}
     assert "not applied" in plan.reasons["persistent_workers"]
 
@@ -104,7 +108,7 @@ def test_a_healthy_cpu_run_plans_nothing_and_says_why(tmp_path: Path) -> None:
 def test_a_significant_tuning_result_is_applied_and_persistence_is_left_out(
     tmp_path: Path,
 ) -> None:
-    plan = plan_from(tuning_file(tmp_path / "t.json", [1.6, 2.1], threads=8))
+    plan = plan_from(tuning_file(tmp_path / "t.json", [1.6, 2.1], threads=8), limits=BIG)
     assert plan.dataloader == {"num_workers": 4, "prefetch_factor": 4, "threads": 8}
     assert plan.dataset_types == ("data.Images",)
     assert "1.85x (95 % CI 1.60x-2.10x)" in plan.reasons["num_workers"]
@@ -206,3 +210,76 @@ def test_what_the_previous_run_had_to_revert_is_not_applied_again(tmp_path: Path
     applied = RunEvent(T0, "remedy_applied", "DataLoader ...", data={"remedy": "dataloader"})
     reverted = RunEvent(T0, "remedy_reverted", "back", data={"remedy": "dataloader"})
     assert plan_from(applied_run(tmp_path, applied, reverted)).dataloader == {}
+
+
+# --- values checked, and held to this machine ---------------------------------------------
+
+
+TWO_CORES = LoaderLimits(usable_cores=2.0, memory_available_bytes=8 << 30, shm_free_bytes=1 << 30)
+
+
+def test_settings_tuned_on_a_large_node_are_held_to_this_machines_cores(tmp_path: Path) -> None:
+    # The kind of file tuned on a 64-core node: 10000 workers would start over a
+    # thousand processes here before the first step.
+    path = tuning_file(tmp_path / "t.json", [1.5, 2.0], num_workers=10000, prefetch_factor=64,
+                       threads=200)  # fmt: skip
+    plan = plan_from(path, limits=TWO_CORES)
+    assert plan.dataloader["num_workers"] == 2
+    assert plan.dataloader["prefetch_factor"] == 16
+    assert plan.dataloader["threads"] == 128  # 256 samples in flight over 2 workers
+    said = "\n".join(plan.describe())
+    assert "num_workers=2 (10000 asked, 2 applied: 2 usable cores on this machine" in said
+    assert "64 asked, 16 applied" in said and "200 asked, 128 applied" in said
+    # Within bounds, values are applied as given.
+    small = plan_from(tuning_file(tmp_path / "s.json", [1.5, 2.0], num_workers=2), TWO_CORES)
+    assert small.dataloader["num_workers"] == 2 and "asked" not in small.reasons["num_workers"]
+
+
+def test_the_open_files_limit_bounds_workers_too() -> None:
+    plan = ApplyPlan("x", {"num_workers": 8}, {}, (), {"num_workers": "tuned"})
+    many = LoaderLimits(usable_cores=64.0, memory_available_bytes=None, shm_free_bytes=None)
+    bounded = bound_to_machine(plan, many, nofile=128)
+    assert bounded.dataloader["num_workers"] == 4
+    assert bounded.reasons["num_workers"].startswith("8 asked, 4 applied: the job may open 128")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"prefetch_factor": 1e308}, "prefetch_factor must be a whole number from 1 to 65536, "
+                                     "not 1e+308"),
+        ({"num_workers": "4"}, 'num_workers must be a whole number from 0 to 65536, not "4"'),
+        ({"num_workers": -1}, "num_workers must be a whole number from 0 to 65536, not -1"),
+        ({"num_workers": 2.5}, "not 2.5"),
+        ({"num_workers": True}, "not true"),
+        ({"threads": [4]}, "threads must be a whole number from 1 to 65536, not list"),
+        ({"pin_memory": "yes"}, 'pin_memory must be true or false, not "yes"'),
+    ],
+)  # fmt: skip
+def test_a_value_no_loader_takes_is_refused_in_one_line(
+    tmp_path: Path, value: dict[str, object], message: str
+) -> None:
+    path = tuning_file(tmp_path / "bad.json", [1.5, 2.0], **value)
+    with pytest.raises(InputError) as info:
+        plan_from(path, limits=TWO_CORES)
+    assert str(info.value).startswith(f"--apply-from {path}: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_whole_float_is_a_whole_number(tmp_path: Path) -> None:
+    plan = plan_from(tuning_file(tmp_path / "f.json", [1.5, 2.0], num_workers=2.0), TWO_CORES)
+    assert plan.dataloader["num_workers"] == 2 and isinstance(plan.dataloader["num_workers"], int)
+
+
+def test_run_refuses_a_bad_file_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainmedic.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    path = tuning_file(tmp_path / "bad.json", [1.5, 2.0], prefetch_factor="lots")
+    marker = tmp_path / "ran"
+    code = main(["run", "--apply-from", str(path), "--", "touch", str(marker)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "prefetch_factor must be a whole number" in err
+    assert not marker.exists() and not (tmp_path / "trainmedic-runs").exists()

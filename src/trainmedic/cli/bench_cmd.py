@@ -62,7 +62,7 @@ def bench(
     them: the way to prove a fix on a shared machine (CMD_A before the change, CMD_B
     after it)."""
     from trainmedic.bench import plan, split_commands
-    from trainmedic.supervise.rundir import command_name, default_run_dir, prepare_run_dir
+    from trainmedic.supervise.rundir import command_name, default_run_dir, prepare_run_dir, release
 
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -75,9 +75,13 @@ def bench(
     outputs = check_outputs({"--json": json_out, "--html": html_out}, force=force)
     name = f"bench-{command_name(a)}"
     directory = Path(out) if out else default_run_dir(("bench", f"{name}.py"))
-    prepare_run_dir(directory)
+    prepared = prepare_run_dir(directory, default=not out)
+    directory = prepared.path
     planned = plan(a, b, runs)
-    finished, failed, interrupted = _run_all(planned, directory)
+    try:
+        finished, failed, interrupted = _run_all(planned, directory)
+    finally:
+        release(prepared)
     comparison, records = _compare(finished, directory, min_effect)
     for run, why in failed:
         # On stderr: stdout may carry the JSON.

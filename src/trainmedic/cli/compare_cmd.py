@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import json_option
+from trainmedic.cli.options import FiniteRange, json_option
 from trainmedic.cli.outputs import Output, check_outputs, write_output
 from trainmedic.errors import InputError, UsageError
+from trainmedic.ostext import printable
 
 if TYPE_CHECKING:
     from trainmedic.record.types import RunRecord
@@ -75,7 +76,7 @@ def comparison_options(f: F) -> F:
                      help="Write the comparison as an HTML page."),
         click.option("--force", is_flag=True,
                      help="Replace an existing --json/--html file trainmedic did not write."),
-        click.option("--min-effect", type=click.FloatRange(0.0, 0.5), default=0.03,
+        click.option("--min-effect", type=FiniteRange(0.0, 0.5), default=0.03,
                      show_default=True, metavar="FRACTION",
                      help="Smallest speed-up (or slow-down) that counts, as a fraction "
                      "(0.03 = 3 %)."),
@@ -115,14 +116,14 @@ def emit(
 @comparison_options
 @click.option(
     "--confidence",
-    type=click.FloatRange(0.5, 0.999),
+    type=FiniteRange(0.5, 0.999),
     default=0.95,
     show_default=True,
     help="Confidence of the interval of the throughput ratio.",
 )
 @click.option(
     "--run-noise",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteRange(0.0, 1.0),
     default=None,
     metavar="FRACTION",
     help="Run-to-run noise of an unchanged job's throughput on this machine (log standard "
@@ -179,10 +180,17 @@ def _outside_runs(flag: str, value: str, run_dirs: tuple[Path, ...]) -> None:
     never part of their record."""
     if not value:
         raise UsageError(f"{flag}: empty file name")
-    parent = Path(value).resolve().parent
+    try:
+        target = Path(value).resolve()  # through links: where the bytes would go
+    except (OSError, RuntimeError):
+        return  # check_outputs says what is wrong with the path
     for run_dir in run_dirs:
-        if run_dir.is_dir() and parent == run_dir.resolve():
-            raise InputError(f"{flag} {value}: would write into the run directory {run_dir}")
+        root = run_dir.resolve() if run_dir.is_dir() else None
+        if root is not None and (target == root or root in target.parents):
+            raise InputError(
+                f"{printable(flag)} {printable(value)}: would write into the run directory "
+                f"{printable(str(run_dir))} (choose a path outside the runs compared)"
+            )
 
 
 COMMAND = compare

@@ -8,7 +8,13 @@ import time
 import click
 from rich.console import Console
 
-from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, json_option, simulate_option
+from trainmedic.cli.options import (
+    FAIL_ON_CHOICES,
+    FiniteRange,
+    exit_code_for,
+    json_option,
+    simulate_option,
+)
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Finding, FindingsDocument
@@ -28,7 +34,7 @@ from trainmedic.findings.model import Finding, FindingsDocument
 )
 @click.option(
     "--io-budget",
-    type=click.FloatRange(0.5, 120.0),
+    type=FiniteRange(0.5, 120.0),
     default=10.0,
     show_default=True,
     metavar="SECONDS",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -12,6 +13,22 @@ from trainmedic.findings.model import Finding, Severity
 F = TypeVar("F", bound=Callable[..., Any])
 
 FAIL_ON_CHOICES = ("info", "warning", "error", "never")
+
+
+class FiniteRange(click.FloatRange):
+    """A :class:`click.FloatRange` that refuses ``nan`` and ``inf`` (a ``nan`` passes every
+    range check, as no comparison with it is true)."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.isascii():
+            # float() reads "٣" as 3: a number on the command line is written in ASCII.
+            self.fail(f"{value!r} is not a number written in ASCII digits.", param, ctx)
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def simulate_option(fn: F) -> F:

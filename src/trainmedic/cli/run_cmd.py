@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,8 @@ def run(
         plan = plan_from(apply_from)  # a bad source is refused before anything runs
         _announce_plan(plan)
         environ[APPLY_ENV] = plan.to_env()
+    if out is not None and not out.strip():
+        raise UsageError("--out: empty directory name (leave --out out for the default)")
     run_dir = Path(out) if out else default_run_dir(argv)
     with contextlib.ExitStack() as stack:
         exporter = None
@@ -150,7 +153,7 @@ def run(
             stack.callback(exporter.close)
         return _run(
             argv, run_dir, simulate, quiet, no_html, no_probe, fail_on, plan, environ,
-            resilience, exporter,
+            resilience, exporter, default=not out,
         )  # fmt: skip
 
 
@@ -166,11 +169,13 @@ def _run(
     environ: dict[str, str],
     resilience: ResilienceOptions,
     exporter: Exporter | None,
+    default: bool = False,
 ) -> int:
-    from trainmedic.supervise.rundir import prepare_run_dir, remove_unused
+    from trainmedic.supervise.rundir import prepare_run_dir, release, remove_unused
     from trainmedic.supervise.session import RunOptions, RunSession
 
-    prepared = prepare_run_dir(run_dir)
+    prepared = prepare_run_dir(run_dir, default=default)
+    run_dir = prepared.path  # a default name another run took first moves on
     if exporter is not None:
         _say(f"trainmedic: metrics at {exporter.url}")
     options = RunOptions(
@@ -189,17 +194,22 @@ def _run(
     except BaseException:
         remove_unused(prepared)  # only what it created, and only when empty
         raise
+    release(prepared)  # the record is closed: its meta.json now keeps others out
     # With the disk full, the few MB of report.html would only fail.
     html = not no_html and outcome.record_loss is None
     try:
-        findings = _diagnose_and_report(
-            run_dir, outcome, write_html=html, plan=None if plan is None else plan.to_dict()
-        )
-    except KeyboardInterrupt:
-        # The job has ended: a Ctrl-C now stops the report, never changes the job's status.
+        with _stopped_by_signals():
+            findings = _diagnose_and_report(
+                run_dir, outcome, write_html=html, plan=None if plan is None else plan.to_dict()
+            )
+    except (KeyboardInterrupt, _Stopped) as exc:
+        # The job has ended: Ctrl-C, SIGTERM or SIGHUP now stops the report, never
+        # changes the job's status.
+        why = f"stopped by {exc.name}" if isinstance(exc, _Stopped) else "interrupted"
         _say(
-            f"trainmedic: interrupted: the report was not finished "
-            f"(see it with 'trainmedic report {printable(str(run_dir))}')"
+            f"trainmedic: {why}: the report was not finished; the job's exit status "
+            f"{outcome.exit_status} stands (see the report with 'trainmedic report "
+            f"{printable(str(run_dir))}')"
         )
         return outcome.exit_status
     if exporter is not None and findings is not None:
@@ -212,6 +222,36 @@ def _run(
     if outcome.exit_status == 0 and findings is not None:
         return exit_code_for(findings, fail_on)
     return outcome.exit_status
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP while the report is made (the job has ended); a
+    ``BaseException``, like ``KeyboardInterrupt``, so that no handler of a step
+    of the report takes it for that step's failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`_Stopped` meanwhile (their default would end
+    trainmedic with 143/129 and the job's status lost); the handlers before are restored."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise _Stopped(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave them
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(signum, handler)
 
 
 def _say(line: str) -> None:

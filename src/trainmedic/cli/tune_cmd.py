@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from trainmedic.cli.options import json_option
+from trainmedic.cli.options import FiniteRange, json_option
 from trainmedic.cli.outputs import Output, check_outputs, write_output
 from trainmedic.errors import InputError, TrainmedicError
 
@@ -95,7 +95,7 @@ def tune() -> None:
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(min=2.0, max=86400.0),
+    type=FiniteRange(min=2.0, max=86400.0),
     default=60.0,
     show_default=True,
     metavar="SECONDS",
@@ -103,7 +103,7 @@ def tune() -> None:
 )
 @click.option(
     "--step-ms",
-    type=click.FloatRange(min=0.0, max=600_000.0),
+    type=FiniteRange(min=0.0, max=600_000.0),
     default=0.0,
     metavar="MS",
     help="Your training step's time per batch, ms (e.g. compute per step of a run): "
@@ -203,7 +203,7 @@ def _print_tuning(console: Console, result: Any) -> None:
 @click.option("--max-size", type=click.IntRange(min=1), default=65536, show_default=True)
 @click.option(
     "--margin",
-    type=click.FloatRange(0.0, 0.9),
+    type=FiniteRange(0.0, 0.9),
     default=0.1,
     show_default=True,
     help="Share kept free below the largest size that fits.",

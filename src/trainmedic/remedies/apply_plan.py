@@ -14,6 +14,7 @@ in the run record. This module runs in the supervisor: no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from trainmedic.errors import InputError
 from trainmedic.findings.model import Finding, Severity
 from trainmedic.jsonfile import describe, read_json
 from trainmedic.record.types import RunRecord
+from trainmedic.remedies.limits import MAX_IN_FLIGHT, LoaderLimits
 from trainmedic.remedies.switches import RunEvidence, plan_switches
 
 APPLY_ENV = "TRAINMEDIC_APPLY"
@@ -31,6 +33,16 @@ APPLY_ENV = "TRAINMEDIC_APPLY"
 
 LOADER_KEYS = ("num_workers", "prefetch_factor", "pin_memory", "threads", "persistent_workers")
 
+VALID_RANGE: Mapping[str, tuple[int, int]] = {
+    "num_workers": (0, 65536),
+    "prefetch_factor": (1, 65536),
+    "threads": (1, 65536),
+}
+"""What a loader setting may be at all (a value outside is an error in the source, exit 2)."""
+MAX_PREFETCH = 16
+"""Batches a worker prepares ahead at most: more only holds memory and ``/dev/shm``."""
+FDS_PER_WORKER = 16
+"""Open files a DataLoader worker costs its process, about (pipes, queues, shared memory)."""
 
 @dataclass(frozen=True)
 class ApplyPlan:
@@ -91,24 +103,96 @@ class ApplyPlan:
         return lines
 
 
-def plan_from(source: str | Path) -> ApplyPlan:
-    """The plan for ``source``: a run directory or a tuning JSON file."""
+def plan_from(source: str | Path, limits: LoaderLimits | None = None) -> ApplyPlan:
+    """The plan for ``source``: a run directory or a tuning JSON file, its values checked
+    and held to this machine's ``limits`` (read now when not given)."""
     path = Path(source)
-    if path.is_dir():
-        return plan_from_run(path)
-    if path.is_file():
-        return plan_from_tuning(path)
+    if path.is_dir() or path.is_file():
+        plan = plan_from_run(path) if path.is_dir() else plan_from_tuning(path)
+        if not plan.dataloader:
+            return plan
+        if limits is None:
+            from trainmedic.remedies.limits import read_limits
+
+            limits = read_limits()
+        return bound_to_machine(plan, limits, _open_files_limit())
     if path.exists():  # a device, a FIFO, a socket: nothing a tuning run writes
         raise InputError(f"--apply-from {source}: not a run directory or a regular file")
     raise InputError(f"--apply-from {source}: no such run directory or tuning file")
 
 
+def _valid(key: str, value: Any, source: str) -> Any:
+    """``value`` of loader setting ``key`` checked for type and range: a whole number in
+    :data:`VALID_RANGE`, or a boolean for ``pin_memory``/``persistent_workers``.
+
+    Raises:
+        InputError: one line naming the source, the setting and what it should be.
+    """
+    if key in ("pin_memory", "persistent_workers"):
+        if not isinstance(value, bool):
+            raise InputError(
+                f"--apply-from {source}: {key} must be true or false, not {_shown(value)}"
+            )
+        return value
+    low, high = VALID_RANGE[key]
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer() and abs(value) <= high:
+        value, whole = int(value), True
+    if not whole or not low <= value <= high:
+        raise InputError(
+            f"--apply-from {source}: {key} must be a whole number from {low} to {high}, "
+            f"not {_shown(value)}"
+        )
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def bound_to_machine(plan: ApplyPlan, limits: LoaderLimits, nofile: int | None) -> ApplyPlan:
+    """``plan`` with its loader settings held to what this machine can run: a worker per
+    usable core, the open files its processes may have, :data:`MAX_PREFETCH` batches
+    ahead, the samples in flight of :data:`~trainmedic.remedies.limits.MAX_IN_FLIGHT`.
+    Each value lowered says so in the plan's reasons ("24 asked, 2 applied: ...")."""
+    loader = dict(plan.dataloader)
+    reasons = dict(plan.reasons)
+
+    def lower(key: str, cap: int, why: str) -> None:
+        asked = loader.get(key)
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked > cap:
+            loader[key] = cap
+            reasons[key] = f"{asked} asked, {cap} applied: {why}; {reasons.get(key, '')}".rstrip(
+                "; "
+            )
+
+    cores = limits.cpu_workers
+    lower("num_workers", cores, f"{limits.usable_cores:g} usable cores on this machine")
+    if nofile is not None:
+        lower(
+            "num_workers",
+            max(1, nofile // (2 * FDS_PER_WORKER)),
+            f"the job may open {nofile} files (ulimit -n), about {FDS_PER_WORKER} a worker",
+        )
+    lower("prefetch_factor", MAX_PREFETCH, "more batches ahead only hold memory")
+    workers = max(1, int(loader.get("num_workers") or 1))
+    lower("threads", max(1, MAX_IN_FLIGHT // workers),
+          f"{MAX_IN_FLIGHT} samples in flight at most")  # fmt: skip
+    return dataclasses.replace(plan, dataloader=loader, reasons=reasons)
+
+
 def _merge_loader(
-    into: dict[str, Any], reasons: dict[str, str], settings: Mapping[str, Any], why: str
+    into: dict[str, Any],
+    reasons: dict[str, str],
+    settings: Mapping[str, Any],
+    why: str,
+    source: str = "",
 ) -> None:
     for key, value in settings.items():
         if key not in LOADER_KEYS or value is None:
             continue
+        value = _valid(key, value, source)
         if key == "persistent_workers":
             reasons[key] = (
                 "not applied: persistent workers keep their copy of the dataset, which "
@@ -125,6 +209,17 @@ def _merge_loader(
         if new != old:
             into[key] = new
             reasons[key] = why
+
+
+def _open_files_limit() -> int | None:
+    """The soft limit of open files the job inherits (``ulimit -n``), when one is set."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def _findings(run_dir: Path, record: RunRecord) -> tuple[list[Finding], dict[str, Any]]:
@@ -190,7 +285,8 @@ def plan_from_run(run_dir: Path) -> ApplyPlan:
     tf32: list[str] = []
     carried, carried_switches, carried_types = _carried(record, context)
     if carried:
-        _merge_loader(loader, reasons, carried, f"applied in {run_dir} with --apply-from, and kept")
+        kept = f"applied in {run_dir} with --apply-from, and kept"
+        _merge_loader(loader, reasons, carried, kept, str(run_dir))
     if "tf32_matmul" in carried_switches:
         tf32.append(f"{run_dir} (applied there)")
     for f in findings:
@@ -198,7 +294,7 @@ def plan_from_run(run_dir: Path) -> ApplyPlan:
             continue
         settings = f.apply.get("dataloader")
         if isinstance(settings, Mapping):
-            _merge_loader(loader, reasons, settings, f"{f.id}: {f.title}")
+            _merge_loader(loader, reasons, settings, f"{f.id}: {f.title}", str(run_dir))
         torch_switches = f.apply.get("torch")
         if isinstance(torch_switches, Mapping) and torch_switches.get("tf32_matmul"):
             tf32.append(f.id)
@@ -246,7 +342,7 @@ def plan_from_tuning(path: Path) -> ApplyPlan:
             f"tuned: {float(data.get('speedup', 0)):.2f}x (95 % CI {float(ci[0]):.2f}x-"
             f"{float(ci[1]):.2f}x) over the settings measured"
         )
-        _merge_loader(loader, reasons, best, why)
+        _merge_loader(loader, reasons, best, why, str(path))
     else:
         reasons["dataloader"] = (
             "not applied: the tuning did not find settings significantly faster than the "

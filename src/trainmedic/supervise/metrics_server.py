@@ -56,7 +56,8 @@ def parse_listen(value: str) -> ListenAddress:
         host, _, port_text = text.rpartition(":")
         if ":" in host:
             raise UsageError(f"--prometheus {value!r}: write an IPv6 address as [ADDR]:PORT")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    # ASCII digits only: str.isdigit() also takes "²" and other digits int() refuses.
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
         raise UsageError(f"--prometheus {value!r}: the port must be a number from 0 to 65535")
     if not host:
         raise UsageError(f"--prometheus {value!r}: the address before ':' is empty")

@@ -4,10 +4,17 @@ A run directory is new, or an existing empty directory. One that holds an
 earlier run's record is refused with a message that says so (and whether that
 run's supervisor was killed before it could finish the record: its
 ``probe.sock`` is still there); trainmedic never writes into a record twice.
+
+Two runs started at once must not share one: a run *reserves* its directory
+by creating :data:`LOCK_FILE` in it with ``O_EXCL`` (one creator wins, on any
+local filesystem) before it writes anything, and removes it when the record
+is closed. The loser of an explicit ``--out`` is refused; a default directory
+(two runs of one command in the same second) moves on to the next free name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -22,6 +29,10 @@ from trainmedic.ostext import path_problem, printable
 from trainmedic.record.store import META_FILE
 
 DEFAULT_BASE = Path("trainmedic-runs")
+LOCK_FILE = ".trainmedic-run.lock"
+"""Created exclusively in a run directory while a run is in it; holds the supervisor's pid."""
+MAX_DEFAULT_TRIES = 1000
+"""Names tried for a default directory before giving up."""
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME = 48
@@ -83,6 +94,7 @@ class PreparedRunDir:
     created: bool
     created_parents: tuple[Path, ...] = ()
     note: str | None = None
+    lock: Path | None = None
 
 
 def check_run_dir(path: Path) -> None:
@@ -113,6 +125,15 @@ def check_run_dir(path: Path) -> None:
         entries = {entry.name for entry in os.scandir(path)}
     except OSError as exc:
         raise RunDirectoryError(f"--out {shown}: cannot be read: {exc.strerror or exc}") from None
+    if LOCK_FILE in entries and META_FILE not in entries:
+        try:
+            holder = (path / LOCK_FILE).read_text(encoding="ascii", errors="replace").strip()[:20]
+        except OSError:
+            holder = "?"
+        raise RunDirectoryError(
+            f"--out {shown}: another run (trainmedic pid {holder}) is using it "
+            "(choose a new directory)"
+        )
     if META_FILE in entries:
         raise RunDirectoryError(
             f"--out {shown}: holds the record of an earlier run"
@@ -127,7 +148,7 @@ def check_run_dir(path: Path) -> None:
         )
 
 
-def prepare_run_dir(path: Path) -> PreparedRunDir:
+def prepare_run_dir(path: Path, default: bool = False) -> PreparedRunDir:
     """Make ``path`` ready for a new run; refuse anything already holding files.
 
     A new directory (and any missing parent) is created with mode 0700. An
@@ -135,11 +156,33 @@ def prepare_run_dir(path: Path) -> PreparedRunDir:
     puts in it is private (0600 files, 0700 directories), and when others may
     list it, the returned note says so.
 
+    The directory is reserved (:data:`LOCK_FILE`) before this returns; a run that
+    another reserved meanwhile is refused, or, for a ``default`` name, the next
+    free name is taken (``-2``, ``-3``, ...).
+
     Raises:
         RunDirectoryError: see :func:`check_run_dir`; or it cannot be created.
     """
-    check_run_dir(path)
+    if not default:
+        return _prepare(path, default=False)
+    first = path
+    for n in range(2, MAX_DEFAULT_TRIES + 2):
+        try:
+            return _prepare(path, default=True)
+        except _Taken:
+            path = first.with_name(f"{first.name}-{n}")
+    raise RunDirectoryError(f"no free run directory next to {printable(str(first))}")
+
+
+class _Taken(RunDirectoryError):
+    """A default directory another run created or reserved first."""
+
+
+def _prepare(path: Path, default: bool) -> PreparedRunDir:
     shown = printable(str(path))
+    if default and path.exists():
+        raise _Taken(shown)
+    check_run_dir(path)
     if path.is_dir():
         mode = stat.S_IMODE(path.stat().st_mode)
         note = None
@@ -148,24 +191,74 @@ def prepare_run_dir(path: Path) -> PreparedRunDir:
                 f"--out {shown} is readable by others (mode {mode:04o}); it keeps its mode, "
                 "and the run's files in it are private (0600)"
             )
-        return PreparedRunDir(path, created=False, note=note)
+        lock = _reserve(path, default)
+        return PreparedRunDir(path, created=False, note=note, lock=lock)
     missing = []
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         missing.append(parent)
         parent = parent.parent
+    what = "the run directory" if default else f"--out {shown}"
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=False)
-        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+        for directory in reversed(missing):  # private, like the run's own directory
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700)
+                os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+        path.mkdir(mode=0o700, exist_ok=False)
+        os.chmod(path, 0o700)
     except FileExistsError:
-        raise RunDirectoryError(f"--out {shown}: was created by someone else meanwhile") from None
+        if default:
+            raise _Taken(shown) from None
+        raise RunDirectoryError(
+            f"--out {shown}: another run created it just now (choose a new directory)"
+        ) from None
     except OSError as exc:
-        raise RunDirectoryError(f"--out {shown}: cannot create: {exc.strerror or exc}") from None
-    return PreparedRunDir(path, created=True, created_parents=tuple(reversed(missing)))
+        raise RunDirectoryError(f"{what} {shown}: cannot create: {exc.strerror or exc}") from None
+    lock = _reserve(path, default)
+    return PreparedRunDir(
+        path, created=True, created_parents=tuple(reversed(missing)), lock=lock
+    )
+
+
+def _reserve(path: Path, default: bool) -> Path:
+    """Create :data:`LOCK_FILE` in ``path`` exclusively, or say who has the directory."""
+    lock = path / LOCK_FILE
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    shown = printable(str(path))
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except FileExistsError:
+        if default:
+            raise _Taken(shown) from None
+        try:
+            holder = lock.read_text(encoding="ascii", errors="replace").strip()[:20]
+        except OSError:
+            holder = "?"
+        raise RunDirectoryError(
+            f"--out {shown}: another run (trainmedic pid {holder}) is using it "
+            "(choose a new directory)"
+        ) from None
+    except OSError as exc:
+        raise RunDirectoryError(
+            f"run directory {shown}: cannot be written: {exc.strerror or exc}"
+        ) from None
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    return lock
+
+
+def release(prepared: PreparedRunDir) -> None:
+    """Give the directory up: the run's record is closed (or was never begun)."""
+    if prepared.lock is not None:
+        with contextlib.suppress(OSError):
+            prepared.lock.unlink()
 
 
 def remove_unused(prepared: PreparedRunDir) -> None:
     """Remove the directories :func:`prepare_run_dir` created, when they are empty."""
+    release(prepared)
     own = (prepared.path,) if prepared.created else ()
     for directory in (*own, *reversed(prepared.created_parents)):
         try:
