@@ -83,8 +83,8 @@ def format_seconds_short(seconds: float) -> str:
 
 
 def _cores_text(cores: float) -> str:
-    """Cores to 3 digits; ``<0.01`` for a trace of one."""
-    return "<0.01" if 0 < cores < 0.005 else significant(cores)
+    """Cores to 2 digits (``0.62``, ``1``, ``13``); ``<0.01`` for a trace of one."""
+    return "<0.01" if 0 < cores < 0.005 else significant(cores, 2)
 
 
 def format_bytes(n: float) -> str:
