@@ -210,3 +210,12 @@ def test_bad_output_paths_fail_before_any_work(
     code, _, err = run_cli(capsys, "report", str(run_dir), "--json", same, "--trace", same)
     assert code == 2
     assert "name the same file" in err
+
+
+def test_unrelated_runs_are_not_merged_as_one_jobs_nodes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b")
+    code, out, err = run_cli(capsys, "report", str(a), str(b))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{a} holds no distributed ranks" in err and "Traceback" not in err

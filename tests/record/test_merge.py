@@ -9,7 +9,7 @@ import pytest
 from tests.diagnose.test_ranks import PID0, ddp_record
 
 from trainmedic.diagnose import diagnose_run
-from trainmedic.record.merge import GPU_STRIDE, PID_STRIDE, align_clocks, merge_records
+from trainmedic.record.merge import GPU_STRIDE, PID_STRIDE, align_clocks, merge_records, why_apart
 from trainmedic.record.types import RunRecord
 
 
@@ -78,3 +78,24 @@ def test_random_offsets_come_back(seed: int = 7) -> None:
         skew = rng.uniform(-30, 30)
         align = align_clocks(split_node(whole, {0}, 0, "a"), split_node(whole, {1}, skew, "b"))
         assert align.offset_s == pytest.approx(skew, abs=0.001)
+
+
+def test_only_runs_that_can_be_one_jobs_nodes_are_merged() -> None:
+    whole = ddp_record(ranks=4)
+    a = split_node(whole, {0, 1}, 0.0, "alpha")
+    b = split_node(whole, {2, 3}, 2.5, "beta")
+    assert why_apart([("a", a), ("b", b)]) is None
+    # The same node's run given twice (or 50 copies of one run): the same ranks twice.
+    said = why_apart([("a", a), ("copy", a), ("b", b)])
+    assert said is not None and said.startswith("a and copy both hold rank 0")
+    # A run of one process: no node of a job across nodes.
+    single = dataclasses.replace(a, steps=[dataclasses.replace(s, rank=None) for s in a.steps],
+                                 events=[])  # fmt: skip
+    said = why_apart([("a", a), ("one", single)])
+    assert said is not None and "one holds no distributed ranks" in said
+    # Two halves of a job a day apart are two jobs, whatever their ranks.
+    later = split_node(whole, {2, 3}, 86_400.0, "beta")
+    said = why_apart([("a", a), ("later", later)])
+    assert said is not None and "did not run at the same time" in said
+    # Minutes of clock skew between nodes are not a day.
+    assert why_apart([("a", a), ("skewed", split_node(whole, {2, 3}, 300.0, "beta"))]) is None

@@ -91,10 +91,13 @@ def report(
         record = records[0]
         document = load_or_diagnose(directories[0], record)
     else:
-        from trainmedic.record.merge import merge_records
+        from trainmedic.record.merge import merge_records, why_apart
 
-        pairs = zip(directories, records, strict=True)
-        record = merge_records([(printable(str(d)), r) for d, r in pairs])
+        pairs = [(printable(str(d)), r) for d, r in zip(directories, records, strict=True)]
+        apart = why_apart(pairs)
+        if apart is not None:
+            raise InputError(f"report: several directories are merged as one job's nodes; {apart}")
+        record = merge_records(pairs)
         document = diagnose_merged(record)
     findings = list(document.findings)
 

@@ -112,6 +112,67 @@ def align_clocks(reference: RunRecord, other: RunRecord) -> ClockAlignment:
     return ClockAlignment(offset, max([mad, *jitter]), len(common), "lockstep steps")
 
 
+OVERLAP_SLACK_S = 600.0
+"""Two nodes' runs of one job overlap in time; their clocks may differ by this much
+(no NTP) before runs apart in time are told from a skewed clock."""
+
+
+def _ranks(record: RunRecord) -> set[int]:
+    """The distributed ranks whose training processes the record holds."""
+    ranks = {s.rank for s in record.steps if s.rank is not None}
+    for e in record.events:
+        rank = e.data.get("rank") if e.kind == "process_start" else None
+        if isinstance(rank, int) and not isinstance(rank, bool) and e.data.get("role") in (
+            None,
+            "process",
+        ):
+            ranks.add(rank)
+    return ranks
+
+
+def why_apart(runs: Sequence[tuple[str, RunRecord]]) -> str | None:
+    """Why these runs are not the nodes of one distributed job, or ``None`` when they may
+    be: each holds ranks, no rank is in two of them, and they ran at the same time
+    (within :data:`OVERLAP_SLACK_S`)."""
+    seen: dict[str, set[int]] = {}
+    for directory, record in runs:
+        ranks = _ranks(record)
+        if not ranks:
+            return (
+                f"{directory} holds no distributed ranks: it is not one node of a job "
+                "across nodes (report each run on its own, or compare them)"
+            )
+        for other, other_ranks in seen.items():
+            common = ranks & other_ranks
+            if common:
+                return (
+                    f"{other} and {directory} both hold rank {min(common)}: they are two "
+                    "runs of the same ranks (two jobs, or one run given twice), not the "
+                    "nodes of one job"
+                )
+        seen[directory] = ranks
+    spans = [(d, r.meta.started_at, _ended(r)) for d, r in runs]
+    for i, (a, a0, a1) in enumerate(spans):
+        for b, b0, b1 in spans[i + 1 :]:
+            if a0 > b1 + OVERLAP_SLACK_S or b0 > a1 + OVERLAP_SLACK_S:
+                return (
+                    f"{a} and {b} did not run at the same time ({_clock(a0)}-{_clock(a1)} "
+                    f"and {_clock(b0)}-{_clock(b1)}): not the nodes of one job"
+                )
+    return None
+
+
+def _ended(record: RunRecord) -> float:
+    last = max((s.t for s in record.steps), default=record.meta.started_at)
+    return max(record.meta.ended_at or last, last)
+
+
+def _clock(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
 def merge_records(runs: Sequence[tuple[str, RunRecord]]) -> RunRecord:
     """One record of several nodes' runs (``(directory, record)`` pairs), on the
     clock of the node that holds the lowest rank (module docstring)."""
