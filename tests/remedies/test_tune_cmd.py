@@ -162,3 +162,31 @@ def test_what_the_users_code_prints_does_not_spoil_the_json(tune, tmp_path: Path
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["largest_fit"] == 8
     assert "building the model" in got.stderr
+
+
+def _report(machine: Machine) -> str:
+    s = search(machine)
+    result = summarize(s, *s.run(), 3.0)
+    out = io.StringIO()
+    _print_tuning(Console(file=out, width=200), result)
+    return out.getvalue()
+
+
+def test_no_advice_when_every_other_setting_failed() -> None:
+    # Samples that cannot be collated fail in every worker: only the loop itself runs.
+    text = _report(Machine(cores=2, cpu_s=0.002, wait_s=0.0, fail=set(range(1, 65))))
+    assert "keep them" not in text
+    assert "No advice: only the current settings could be measured" in text
+    assert "DataLoader worker exited unexpectedly" in text
+
+
+def test_no_advice_when_the_current_settings_fail() -> None:
+    text = _report(Machine(cores=2, cpu_s=0.002, wait_s=0.0, fail=set(range(0, 65))))
+    assert "keep them" not in text and "speed-up" not in text
+    assert "No advice: the current settings failed (RuntimeError: DataLoader worker" in text
+
+
+def test_keeping_the_current_settings_says_how_many_were_measured() -> None:
+    # One core: a worker is no faster than the loop itself (the others fail here).
+    text = _report(Machine(cores=1, cpu_s=0.002, wait_s=0.0, fail={2, 3, 4}))
+    assert "The current settings are the fastest of the 2 measured: keep them." in text

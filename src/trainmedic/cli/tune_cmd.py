@@ -176,8 +176,15 @@ def _print_tuning(console: Console, result: Any) -> None:
     )
     ci = result.speedup_ci
     ci_text = "" if ci is None else f" (95 % CI {ci[0]:.2f}x-{ci[1]:.2f}x)"
-    if result.best.settings == result.baseline.settings:
-        console.print("The current settings are the fastest measured: keep them.", markup=False)
+    unsupported = _without_evidence(result)
+    if unsupported is not None:
+        console.print(unsupported, markup=False, soft_wrap=True)
+    elif result.best.settings == result.baseline.settings:
+        console.print(
+            f"The current settings are the fastest of the {_measured(result)} measured: keep "
+            "them.",
+            markup=False,
+        )
     else:
         console.print(
             f"speed-up over the current settings: {result.speedup:.2f}x{ci_text}, "
@@ -190,6 +197,34 @@ def _print_tuning(console: Console, result: Any) -> None:
         console.print(f"  {result.code()}", markup=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def _measured(result: Any) -> int:
+    return len({t.settings for t in result.trials if t.error is None})
+
+
+def _without_evidence(result: Any) -> str | None:
+    """What to say instead of advice when the measurements cannot support any: the
+    current settings failed, or nothing but them was measured (and why)."""
+    failed = {t.settings: t.error for t in result.trials if t.error}
+    if result.baseline.error:
+        return (
+            f"No advice: the current settings failed ({result.baseline.error}), so there is "
+            "nothing to be faster than. Fix that first (it fails in training too)."
+        )
+    if _measured(result) > 1:
+        return None
+    if failed:
+        first = next(iter(failed.values()))
+        return (
+            f"No advice: only the current settings could be measured "
+            f"({result.baseline.rate:.1f} samples/s); the {len(failed)} other settings tried "
+            f"failed ({first}). Nothing shows that they are the fastest."
+        )
+    return (
+        f"No advice: only the current settings were measured ({result.baseline.rate:.1f} "
+        "samples/s) before the budget ran out; a larger --budget measures others."
+    )
 
 
 @tune.command("batch-size")
