@@ -40,6 +40,16 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def visible(text: str) -> str:
+    """:func:`printable`, with control characters (ESC and the rest of C0 and C1, not tab
+    and newline) as ``\\xNN``: text from a job's arguments or a foreign record never
+    moves the cursor, retitles or recolours a person's terminal."""
+    return printable(text).translate(_CONTROL)
+
+
 def path_problem(path: str | os.PathLike[str]) -> str | None:
     """Why ``path`` can never be created or opened, or ``None``.
 

@@ -4,6 +4,7 @@ bar at the top - in the terminal at 80 and 120 columns, without colour, and in H
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import shlex
@@ -200,3 +201,20 @@ def test_a_distributed_run_has_a_bar_per_rank_and_the_waiting_rank_shows() -> No
     assert "▒ waiting for data 10%" in rank0
     page = render_html_report(record, [])
     assert page.count('class="breakdown"') == 3  # the job, rank 0, rank 1
+
+
+def test_escape_codes_from_a_record_never_reach_the_terminal(tmp_path: Path) -> None:
+    steps = builders.make_steps(30, duration=0.04, wait=0.02, compute=0.015)
+    record = builders.make_record(steps)
+    record.meta = dataclasses.replace(
+        record.meta, command=("python", "train.py", "--tag", "\x1b]0;pwned\x07\x1b[2J")
+    )
+    hostile = Finding("input.x\x1b[31m", Category.IO, Severity.WARNING, "slow\x1b[2J\x9b1m",
+                      {"note": "\x1b[5mblink"}, "fix \x1b[8m RUN_DIR")  # fmt: skip
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=True, highlight=False)
+    render_run_summary(console, record.meta, summarize(record))
+    text = out.getvalue() + render([hostile], Known(run_dir=tmp_path), 120)
+    for raw in ("\x1b]0;", "\x07", "\x1b[2J", "\x9b", "\x1b[5m", "\x1b[8m", "\x1b[31m"):
+        assert raw not in text, repr(raw)
+    assert "\\x1b]0;pwned\\x07" in text and "slow\\x1b[2J" in text

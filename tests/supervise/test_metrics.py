@@ -156,3 +156,44 @@ def test_every_documented_and_dashboard_metric_is_served() -> None:
     assert used - served == set()
     # and nothing served goes undocumented
     assert served - documented == set()
+
+
+def test_a_connection_that_sends_nothing_is_closed_and_scrapes_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainmedic.supervise import metrics_server
+
+    monkeypatch.setattr(metrics_server, "REQUEST_TIMEOUT_S", 0.3)
+    exporter = start_exporter(fed_state(), ListenAddress("127.0.0.1", 0))
+    try:
+        idle = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(20)]
+        for conn in idle:
+            conn.settimeout(10.0)  # the server's 0.3 s ends it long before this
+            assert conn.recv(1) == b""  # closed by the server: its thread is free again
+            conn.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        exporter.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "others"), [("127.0.0.1", False), ("::1", False), ("localhost", False),
+                         ("0.0.0.0", True), ("192.168.1.5", True), ("::", True)],
+)  # fmt: skip
+def test_an_address_other_machines_reach_is_told_apart(host: str, others: bool) -> None:
+    from trainmedic.supervise.metrics_server import reachable_from_others
+
+    assert reachable_from_others(ListenAddress(host, 9400)) is others
+
+
+def test_run_warns_when_other_machines_can_read_its_metrics(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainmedic.cli.main import main
+
+    code = main(["run", "--quiet", "--no-html", "--prometheus", "0.0.0.0:0",
+                 "--out", f"{tmp_path}/run", "--", "true"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "warning: other machines can read http://0.0.0.0:" in err

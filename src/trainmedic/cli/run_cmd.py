@@ -23,7 +23,7 @@ from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_opti
 from trainmedic.cli.resilience_options import resilience_options
 from trainmedic.errors import UsageError
 from trainmedic.findings.model import Finding
-from trainmedic.ostext import printable
+from trainmedic.ostext import printable, visible
 from trainmedic.record.guard import record_loss_finding
 from trainmedic.record.layout import FINDINGS_FILE, HTML_FILE, PROFILES_DIR
 from trainmedic.report.fix_text import Known
@@ -178,6 +178,13 @@ def _run(
     run_dir = prepared.path  # a default name another run took first moves on
     if exporter is not None:
         _say(f"trainmedic: metrics at {exporter.url}")
+        from trainmedic.supervise.metrics_server import reachable_from_others
+
+        if reachable_from_others(exporter.address):
+            _say(
+                f"trainmedic: warning: other machines can read {exporter.url} (the job's "
+                "command and its rates); --prometheus 127.0.0.1:PORT keeps it on this one"
+            )
     options = RunOptions(
         argv=argv,
         run_dir=run_dir,
@@ -257,7 +264,7 @@ def _stopped_by_signals() -> Iterator[None]:
 def _say(line: str) -> None:
     """One line on stderr; a closed stderr must not change the exit status."""
     with contextlib.suppress(OSError, ValueError):
-        click.echo(printable(line), err=True)
+        click.echo(visible(line), err=True)
 
 
 def _announce_plan(plan: Any) -> None:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainmedic.ostext import visible
 from trainmedic.record.ranks import RankStats
 from trainmedic.record.stats import RunSummary
 from trainmedic.record.types import RunMeta
@@ -114,7 +115,7 @@ def render_run_summary(
     for the job, one per rank of a distributed run), then one aligned line per number.
     ``loader``: the job read its batches from a DataLoader (else the time between steps
     is the loop's own batch preparation and code, and is named so)."""
-    console.print(Text(f"trainmedic run {meta.run_id}", style="bold underline"))
+    console.print(Text(f"trainmedic run {visible(meta.run_id)}", style="bold underline"))
     head, numbers = header_rows(meta), summary_rows(s)
     job = of_summary(s, loader)
     bars = ([job] if job else []) + of_ranks(ranks, loader)
@@ -129,7 +130,7 @@ def render_run_summary(
 
     top = grid(True)
     for label, value in head:
-        top.add_row(f"  {label}", value)
+        top.add_row(f"  {label}", visible(value))
     console.print(top)
     if bars:
         room = max(20, console.width - width - 3)

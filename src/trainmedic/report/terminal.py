@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainmedic.findings.model import Finding, Severity, rank_findings
+from trainmedic.ostext import visible
 from trainmedic.report.facts import facts
 from trainmedic.report.fix_text import Known, fill
 
@@ -75,7 +76,7 @@ def render_finding(f: Finding, known: Known | None = None, width: int = 80) -> T
     grid.add_column(width=1)
     grid.add_column(no_wrap=True, min_width=9)
     grid.add_column(ratio=1, overflow="fold")
-    head = Text(f.title, style="bold")
+    head = Text(visible(f.title), style="bold")
     if f.impact is not None:
         share = "<1%" if f.impact < 0.005 else f"~{f.impact:.0%}"
         head.append(f"  ({share} of time)", style="dim")
@@ -84,12 +85,12 @@ def render_finding(f: Finding, known: Known | None = None, width: int = 80) -> T
     )
     lines = evidence_lines(f, known, max(20, width - LABEL_CELLS))
     for i, line in enumerate(lines):
-        grid.add_row("", Text("evidence" if i == 0 else "", style="dim"), Text(line))
+        grid.add_row("", Text("evidence" if i == 0 else "", style="dim"), Text(visible(line)))
     if f.detail:
-        grid.add_row("", Text("why", style="dim"), Text(f.detail))
+        grid.add_row("", Text("why", style="dim"), Text(visible(f.detail)))
     if f.fix:
-        grid.add_row("", Text("fix", style="green"), Text(fill(f.fix, known)))
-    grid.add_row("", Text("id", style="dim"), Text(f.id, style="dim"))
+        grid.add_row("", Text("fix", style="green"), Text(visible(fill(f.fix, known))))
+    grid.add_row("", Text("id", style="dim"), Text(visible(f.id), style="dim"))
     return grid
 
 
@@ -108,7 +109,7 @@ def render_findings(
         console.print(Text("  no findings", style="green"))
     for category, items in group_by_category(shown):
         console.print()
-        console.print(Text(f"[{category}]", style="bold magenta"))
+        console.print(Text(f"[{visible(category)}]", style="bold magenta"))
         for f in items:
             console.print(render_finding(f, known, console.width))
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}

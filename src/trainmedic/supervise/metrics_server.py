@@ -99,6 +99,10 @@ class Exporter:
             return  # ending anyway: the thread is a daemon
 
 
+REQUEST_TIMEOUT_S = 10.0
+"""Seconds a connection to ``/metrics`` may take to send its request."""
+
+
 def start_exporter(state: MetricsState, address: ListenAddress) -> Exporter:
     """Bind and serve; a port in use or an address not on this machine is a
     :class:`UsageError` naming it."""
@@ -117,7 +121,26 @@ def start_exporter(state: MetricsState, address: ListenAddress) -> Exporter:
         else:
             why = exc.strerror or str(exc)
         raise UsageError(f"--prometheus: cannot listen on {where}: {why}") from None
+    # A connection that sends nothing (half-open, a port scanner) would hold its
+    # thread for good: each request gets REQUEST_TIMEOUT_S to arrive.
+    handler: Any = server.RequestHandlerClass
+    server.RequestHandlerClass = type("TimedHandler", (handler,), {"timeout": REQUEST_TIMEOUT_S})
     return Exporter(state, address, server, thread)
 
 
-__all__ = ["DEFAULT_ADDRESS", "Exporter", "ListenAddress", "parse_listen", "start_exporter"]
+def reachable_from_others(address: ListenAddress) -> bool:
+    """Whether other machines may read the metrics: any address but loopback."""
+    try:
+        return not ipaddress.ip_address(address.host).is_loopback
+    except ValueError:
+        return address.host != "localhost"
+
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "Exporter",
+    "ListenAddress",
+    "parse_listen",
+    "reachable_from_others",
+    "start_exporter",
+]
