@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -283,3 +285,35 @@ def test_run_refuses_a_bad_file_before_anything_runs(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "prefetch_factor must be a whole number" in err
     assert not marker.exists() and not (tmp_path / "trainmedic-runs").exists()
+
+
+def test_a_runs_fixes_are_refused_for_another_script_unless_the_user_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainmedic.cli.main import main
+
+    record = CANONICAL["input_no_workers"]()
+    record.meta = dataclasses.replace(record.meta, command=("python", "train_a.py"))
+    source = write_run(record, tmp_path / "run")
+    assert plan_from(source, limits=BIG).made_for == ("python", "train_a.py")
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    script = tmp_path / "train_b.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    code = main(["run", "--apply-from", str(source), "--", sys.executable, str(script)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "that run was of train_a, this command runs train_b" in err and "--apply-anyway" in err
+    assert not marker.exists()
+    # The same script by another path or interpreter is the same script.
+    same = tmp_path / "elsewhere" / "train_a.py"
+    same.parent.mkdir()
+    same.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    code = main(["run", "--quiet", "--no-html", "--out", str(tmp_path / "r1"), "--apply-from",
+                 str(source), "--", sys.executable, str(same)])  # fmt: skip
+    assert code == 0 and marker.exists()
+    marker.unlink()
+    code = main(["run", "--quiet", "--no-html", "--out", str(tmp_path / "r2"), "--apply-from",
+                 str(source), "--apply-anyway", "--", sys.executable, str(script)])  # fmt: skip
+    assert code == 0 and marker.exists()
+    assert main(["run", "--apply-anyway", "--", "true"]) == 2

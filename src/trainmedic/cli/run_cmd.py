@@ -21,7 +21,7 @@ from rich.console import Console
 from trainmedic.atomicfile import write_atomic
 from trainmedic.cli.options import FAIL_ON_CHOICES, exit_code_for, simulate_option
 from trainmedic.cli.resilience_options import resilience_options
-from trainmedic.errors import UsageError
+from trainmedic.errors import InputError, UsageError
 from trainmedic.findings.model import Finding
 from trainmedic.ostext import printable, visible
 from trainmedic.record.guard import record_loss_finding
@@ -73,6 +73,12 @@ if TYPE_CHECKING:
     "recommend, inside the unmodified job (docs/remedies.md).",
 )
 @click.option(
+    "--apply-anyway",
+    is_flag=True,
+    default=False,
+    help="With --apply-from: apply a run's fixes to another script than the one it ran.",
+)
+@click.option(
     "--prometheus",
     metavar="[ADDR:]PORT",
     default=None,
@@ -89,6 +95,7 @@ def run(
     no_probe: bool,
     fail_on: str,
     apply_from: str | None,
+    apply_anyway: bool,
     prometheus: str | None,
     command: tuple[str, ...],
     resilience: ResilienceOptions,
@@ -131,12 +138,17 @@ def run(
         listen = parse_listen(prometheus)
     environ = dict(os.environ)
     plan = None
+    if apply_anyway and apply_from is None:
+        raise UsageError("--apply-anyway goes with --apply-from")
     if apply_from is not None:
         from trainmedic.remedies.apply_plan import APPLY_ENV, plan_from
 
         if no_probe:
             raise UsageError("--apply-from needs the probe: drop --no-probe")
         plan = plan_from(apply_from)  # a bad source is refused before anything runs
+        other = None if apply_anyway else _other_script(plan, argv)
+        if other:
+            raise InputError(f"--apply-from {printable(apply_from)}: {other}")
         _announce_plan(plan)
         environ[APPLY_ENV] = plan.to_env()
     if out is not None and not out.strip():
@@ -229,6 +241,23 @@ def _run(
     if outcome.exit_status == 0 and findings is not None:
         return exit_code_for(findings, fail_on)
     return outcome.exit_status
+
+
+def _other_script(plan: Any, argv: Sequence[str]) -> str | None:
+    """Why ``plan`` does not fit ``argv``'s script (``None`` when it does): fixes
+    measured on one script's data and model are no evidence for another's. Scripts are
+    told apart by name (``command_name``: the script's stem, the ``-m`` module)."""
+    from trainmedic.supervise.rundir import command_name
+
+    if not plan.made_for or plan.empty:
+        return None
+    before, now = command_name(plan.made_for), command_name(argv)
+    if before == now:
+        return None
+    return (
+        f"that run was of {before}, this command runs {now}: its fixes were measured on "
+        f"{before}'s data and model (add --apply-anyway to apply them all the same)"
+    )
 
 
 class _Stopped(BaseException):

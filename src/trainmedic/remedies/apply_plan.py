@@ -55,6 +55,8 @@ class ApplyPlan:
         dataset_types: only loaders over these dataset classes are changed
             (empty: any map-style dataset).
         reasons: why each setting or switch is (or is not) in the plan.
+        made_for: the command line of the run the plan was measured on; empty for a
+            tuning file.
     """
 
     source: str
@@ -62,6 +64,7 @@ class ApplyPlan:
     switches: Mapping[str, bool] = field(default_factory=dict)
     dataset_types: tuple[str, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)
+    made_for: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -74,6 +77,7 @@ class ApplyPlan:
             "switches": dict(self.switches),
             "dataset_types": list(self.dataset_types),
             "reasons": dict(self.reasons),
+            "made_for": list(self.made_for),
         }
 
     def to_env(self) -> str:
@@ -87,6 +91,7 @@ class ApplyPlan:
             switches={str(k): bool(v) for k, v in dict(data.get("switches") or {}).items()},
             dataset_types=tuple(str(t) for t in data.get("dataset_types") or ()),
             reasons={str(k): str(v) for k, v in dict(data.get("reasons") or {}).items()},
+            made_for=tuple(str(a) for a in data.get("made_for") or ()),
         )
 
     def describe(self) -> list[str]:
@@ -317,7 +322,9 @@ def plan_from_run(run_dir: Path) -> ApplyPlan:
     types = carried_types or tuple(
         sorted({lo.dataset_type for lo in view.train_loaders if lo.dataset_type})
     )
-    return ApplyPlan(str(run_dir), loader, switches, types, reasons)
+    return ApplyPlan(
+        str(run_dir), loader, switches, types, reasons, made_for=tuple(record.meta.command)
+    )
 
 
 def plan_from_tuning(path: Path) -> ApplyPlan:
