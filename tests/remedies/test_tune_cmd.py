@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -190,3 +191,24 @@ def test_keeping_the_current_settings_says_how_many_were_measured() -> None:
     # One core: a worker is no faster than the loop itself (the others fail here).
     text = _report(Machine(cores=1, cpu_s=0.002, wait_s=0.0, fail={2, 3, 4}))
     assert "The current settings are the fastest of the 2 measured: keep them." in text
+
+
+@pytest.mark.parametrize(
+    "args", [["dataloader", "blocking_code:factory"], ["dataloader", "blocking_code:stuck_dataset"],
+             ["batch-size", "blocking_code:factory"]],
+)  # fmt: skip
+def test_code_that_never_returns_is_stopped_at_the_budget(
+    tune, args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    from trainmedic.cli import bounded
+
+    monkeypatch.setattr(bounded, "STARTUP_S", 4.0)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("BLOCKING_PID_FILE", str(pids))
+    got = tune(*args, "--budget", "2")
+    assert got.returncode == bounded.OVERRUN_EXIT
+    assert f"tune {args[0]} was stopped at its budget (2 s" in got.stderr
+    assert got.stderr.count("Traceback") == 0
+    for pid in map(int, pids.read_text().split()):  # the child and any worker: gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

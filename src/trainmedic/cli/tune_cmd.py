@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from trainmedic.cli.bounded import in_child, run_bounded
 from trainmedic.cli.options import FiniteRange, json_option
 from trainmedic.cli.outputs import Output, check_outputs, write_output
 from trainmedic.errors import InputError, TrainmedicError
@@ -52,6 +53,16 @@ def _user_code(verbose: bool) -> Iterator[None]:
             f"your code raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             f"{_where(exc)}" + ("" if verbose else " (--verbose shows the traceback)")
         ) from None
+
+
+def _common_args(json_out: str | None, verbose: bool) -> list[str]:
+    """The ``--json`` and ``--verbose`` options again, for the child."""
+    out = ["--verbose"] if verbose else []
+    if json_out == "-":
+        out.append("--json")  # last: a bare --json takes no value after it
+    elif json_out is not None:
+        out += ["--json", json_out]
+    return out
 
 
 def _check_json_target(json_out: str | None) -> Output | None:
@@ -129,6 +140,11 @@ def dataloader(
     from trainmedic.remedies.loader_tune import tune_dataloader
 
     output = _check_json_target(json_out)
+    if not in_child():  # the user's code may block: a child the budget can stop
+        args = ["tune", "dataloader", factory, "--budget", repr(budget), "--step-ms",
+                repr(step_ms), *(["--batch-size", str(batch_size)] if batch_size else []),
+                *_common_args(json_out, verbose)]  # fmt: skip
+        return run_bounded(args, budget, "tune dataloader")
     err = Console(file=sys.stderr, highlight=False)
     quiet = json_out == "-"
     with _user_code(verbose), _quiet_stdout(json_out):
@@ -237,6 +253,14 @@ def _without_evidence(result: Any) -> str | None:
 )
 @click.option("--max-size", type=click.IntRange(min=1), default=65536, show_default=True)
 @click.option(
+    "--budget",
+    type=FiniteRange(min=2.0, max=86400.0),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time the search may take; it is stopped there.",
+)
+@click.option(
     "--margin",
     type=FiniteRange(0.0, 0.9),
     default=0.1,
@@ -249,6 +273,7 @@ def batch_size_cmd(
     factory: str,
     effective_batch_size: int | None,
     max_size: int,
+    budget: float,
     margin: float,
     json_out: str | None,
     verbose: bool,
@@ -261,6 +286,13 @@ def batch_size_cmd(
     from trainmedic.remedies.batch_size import find_batch_size
 
     output = _check_json_target(json_out)
+    if not in_child():  # a step that blocks, or a size that swaps: the budget stops it
+        args = ["tune", "batch-size", factory, "--max-size", str(max_size), "--budget",
+                repr(budget), "--margin", repr(margin),
+                *(["--effective-batch-size", str(effective_batch_size)]
+                  if effective_batch_size else []),
+                *_common_args(json_out, verbose)]  # fmt: skip
+        return run_bounded(args, budget, "tune batch-size")
     with _user_code(verbose), _quiet_stdout(json_out):
         spec = factories.call(factory)
         if not isinstance(spec, dict) or "model" not in spec:

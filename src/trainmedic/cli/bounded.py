@@ -1,0 +1,99 @@
+"""Run a ``trainmedic tune`` command in a child process that its budget can stop.
+
+``tune`` calls the user's code - a factory, a ``Dataset.__getitem__``, a model's
+step - and any of it may block for good (a lock, a network read, a batch larger
+than the dataset). Within one process nothing can stop a Python call that does
+not return, so the command runs again in a child (``TRAINMEDIC_TUNE_CHILD=1``)
+in a session of its own; the parent passes its output through line by line
+(as the user's terminal, or a test's captured streams, would get it) and, past
+the budget and a start-up allowance, stops the child's whole process group
+(DataLoader workers too) and says so in one line. What was measured by then
+has been printed already, trial by trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import IO
+
+CHILD_ENV = "TRAINMEDIC_TUNE_CHILD"
+STARTUP_S = 20.0
+"""Seconds allowed beyond the budget: the interpreter, torch and the user's module
+to import, the factory to build its dataset."""
+STOP_GRACE_S = 3.0
+"""Seconds between SIGTERM and SIGKILL for the child's processes."""
+OVERRUN_EXIT = 3
+"""Exit status of a command stopped at its budget."""
+
+
+def in_child() -> bool:
+    return os.environ.get(CHILD_ENV) == "1"
+
+
+def _pump(source: IO[bytes], sink: IO[str]) -> None:
+    for raw in iter(source.readline, b""):
+        with contextlib.suppress(OSError, ValueError):
+            sink.write(raw.decode("utf-8", "replace"))
+            sink.flush()
+
+
+def run_bounded(args: Sequence[str], budget_s: float, what: str) -> int:
+    """``trainmedic ARGS`` in a child, stopped after ``budget_s`` + :data:`STARTUP_S`;
+    its exit status, or :data:`OVERRUN_EXIT` when it had to be stopped."""
+    env = {**os.environ, CHILD_ENV: "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trainmedic", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # one group: its DataLoader workers stop with it
+    )
+    assert child.stdout is not None and child.stderr is not None
+    pumps = [
+        threading.Thread(target=_pump, args=(child.stdout, sys.stdout), daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, sys.stderr), daemon=True),
+    ]
+    for p in pumps:
+        p.start()
+    limit = budget_s + STARTUP_S
+    try:
+        code = child.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _stop(child)
+        for p in pumps:
+            p.join(timeout=STOP_GRACE_S)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                f"trainmedic: error: {what} was stopped at its budget ({budget_s:g} s, and "
+                f"{STARTUP_S:g} s to start): your code did not return in time (a call that "
+                "blocks, or a batch larger than the dataset); what was measured is above\n"
+            )
+        return OVERRUN_EXIT
+    except BaseException:  # Ctrl-C: the child is in its own session, stop it too
+        _stop(child)
+        raise
+    for p in pumps:
+        p.join()
+    return 128 - code if code < 0 else code
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the child's process group, SIGKILL to what is left after the grace."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, sig)
+        try:
+            child.wait(timeout=STOP_GRACE_S)
+            if sig == signal.SIGTERM:
+                # The leader is gone; its workers may not be: the group gets SIGKILL too.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
