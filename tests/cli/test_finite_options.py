@@ -47,3 +47,15 @@ def test_an_empty_out_is_refused_not_taken_for_the_default(
     code = main(["run", "--out", "", "--", "true"])
     err = capsys.readouterr().err
     assert code == 2 and "--out: empty directory name" in err
+
+
+def test_tune_refuses_a_foreign_json_file_without_offering_a_force_it_lacks(
+    capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    mine = f"{tmp_path}/notes.json"
+    with open(mine, "w") as f:
+        f.write('{"mine": true}')
+    code = main(["tune", "dataloader", "m:f", "--json", mine])
+    err = capsys.readouterr().err
+    assert code == 2 and "exists and is not a trainmedic JSON output" in err
+    assert "--force" not in err and "choose another file name" in err

@@ -67,3 +67,19 @@ def test_a_plan_that_changed_nothing_says_so_and_no_plan_prints_nothing() -> Non
     out = io.StringIO()
     render_applied(Console(file=out, width=120), record(), None)
     assert out.getvalue() == ""
+
+
+def test_a_plan_that_changed_nothing_says_why() -> None:
+    def said(plan: dict[str, object]) -> str:
+        out = io.StringIO()
+        render_applied(Console(file=out, width=300), record(), "prev", plan)
+        return out.getvalue()
+
+    empty = {"dataloader": {}, "switches": {}, "reasons": {
+        "dataloader": "nothing to change: no finding of the run recommends loader settings"}}
+    assert "the plan had nothing to apply (dataloader: nothing to change: no finding" in said(empty)
+    loader = {"dataloader": {"num_workers": 2}, "switches": {}, "dataset_types": ["data.Images"]}
+    assert "no DataLoader over data.Images was made" in said(loader)
+    both = {"dataloader": {"num_workers": 2}, "switches": {"tf32_matmul": True}}
+    text = said(both)
+    assert "over a map-style dataset was made and torch was not imported with CUDA" in text

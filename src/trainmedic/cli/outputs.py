@@ -81,12 +81,17 @@ def record_names() -> frozenset[str]:
 
 
 def check_outputs(
-    requested: Mapping[str, str | None], *, run_dir: Path | None = None, force: bool = False
+    requested: Mapping[str, str | None],
+    *,
+    run_dir: Path | None = None,
+    force: bool = False,
+    can_force: bool = True,
 ) -> dict[str, Output]:
     """The outputs to write, checked by the rules in the module docstring.
 
     ``None`` and ``--json``'s ``"-"`` (stdout) are left out; ``"-"`` for another flag
-    is refused (only the findings document goes to standard output).
+    is refused (only the findings document goes to standard output). ``can_force``:
+    the command has ``--force`` (a refusal names it only then).
 
     Raises:
         UsageError / InputError: one line naming the flag and the problem (exit 2).
@@ -100,7 +105,7 @@ def check_outputs(
         if value == "-":
             raise UsageError(f"{flag} -: only --json writes to standard output; give {flag} a "
                              "file name")  # fmt: skip
-        output = _check_one(flag, value, run_root, force)
+        output = _check_one(flag, value, run_root, force, can_force)
         if output.target in seen and not output.stream:
             raise UsageError(
                 f"{flag} and {seen[output.target]} name the same file {printable(value)}"
@@ -119,7 +124,9 @@ def _resolved_dir(run_dir: Path | None) -> Path | None:
         return None
 
 
-def _check_one(flag: str, value: str, run_root: Path | None, force: bool) -> Output:
+def _check_one(
+    flag: str, value: str, run_root: Path | None, force: bool, can_force: bool = True
+) -> Output:
     shown = printable(value)
     if not value:
         raise UsageError(f"{flag}: empty file name")
@@ -151,7 +158,7 @@ def _check_one(flag: str, value: str, run_root: Path | None, force: bool) -> Out
     elif st is not None and not force and not is_own_output(flag, target):
         raise InputError(
             f"{flag} {shown}: exists and is not a trainmedic {_KIND[flag]} "
-            "(use --force to replace it)"
+            + ("(use --force to replace it)" if can_force else "(choose another file name)")
         )
     return Output(flag, path, target)
 
@@ -182,7 +189,7 @@ def _check_inside_run(flag: str, shown: str, target: Path, run_root: Path, exist
         )
 
 
-_KIND = {"--json": "findings document", "--html": "HTML report", "--trace": "trace"}
+_KIND = {"--json": "JSON output", "--html": "HTML report", "--trace": "trace"}
 
 
 def is_own_output(flag: str, path: Path) -> bool:

@@ -407,7 +407,7 @@ def _print_summary(
     console.print()
     render_ranks(console, record)
     render_incidents(console, record)
-    render_applied(console, record, None if plan is None else str(plan.get("source")))
+    render_applied(console, record, None if plan is None else str(plan.get("source")), plan)
     render_findings(console, findings, "findings", known=known)
     if where is not None:
         console.print(f"\nreport: {printable(str(where))}", soft_wrap=True, markup=False)

@@ -67,7 +67,7 @@ def _common_args(json_out: str | None, verbose: bool) -> list[str]:
 
 def _check_json_target(json_out: str | None) -> Output | None:
     """Refuse an unwritable or foreign ``--json FILE`` before minutes of measuring, not after."""
-    return check_outputs({"--json": json_out}).get("--json")
+    return check_outputs({"--json": json_out}, can_force=False).get("--json")
 
 
 @contextmanager
