@@ -212,3 +212,11 @@ def test_code_that_never_returns_is_stopped_at_the_budget(
     for pid in map(int, pids.read_text().split()):  # the child and any worker: gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_local_module_hidden_by_the_standard_librarys_is_named(tune, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "json.py").write_text("def good():\n    return list(range(10))\n")
+    got = tune("dataloader", "json:good", "--budget", "2", cwd=tmp_path)
+    assert got.returncode == 2
+    assert "json has no 'good' (json is the module from " in got.stderr
+    assert "which hides your json.py here: give its path, ./json.py:..., or rename it" in got.stderr

@@ -28,6 +28,13 @@ STARTUP_S = 20.0
 to import, the factory to build its dataset."""
 STOP_GRACE_S = 3.0
 """Seconds between SIGTERM and SIGKILL for the child's processes."""
+CHILD_MAIN = (
+    "import sys; del sys.path[0]; from trainmedic.cli.main import main; "
+    "sys.exit(main(sys.argv[1:]))"
+)
+"""The child's entry: as the ``trainmedic`` console script, without the current
+directory first on ``sys.path`` (``-m`` and ``-c`` put it there), where a user's
+``json.py`` would hide the standard library's from trainmedic and torch."""
 OVERRUN_EXIT = 3
 """Exit status of a command stopped at its budget."""
 
@@ -48,7 +55,7 @@ def run_bounded(args: Sequence[str], budget_s: float, what: str) -> int:
     its exit status, or :data:`OVERRUN_EXIT` when it had to be stopped."""
     env = {**os.environ, CHILD_ENV: "1"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "trainmedic", *args],
+        [sys.executable, "-c", CHILD_MAIN, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,

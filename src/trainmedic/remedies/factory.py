@@ -113,6 +113,24 @@ def _import_module(name: str) -> Any:
         ) from None
 
 
+def _shadowed(name: str, module: Any) -> str:
+    """When a ``NAME.py`` here is not the module imported under that name (the standard
+    library's ``json``, an installed package), say so: the user meant their file."""
+    local = Path(os.getcwd(), *name.split(".")).with_suffix(".py")
+    found = getattr(module, "__file__", None)
+    try:
+        same = found is not None and Path(found).resolve() == local.resolve()
+        if not local.is_file() or same:
+            return ""
+    except OSError:
+        return ""
+    where = "built into Python" if found is None else f"from {found}"
+    return (
+        f" ({name} is the module {where}, which hides your {local.name} here: give its "
+        f"path, ./{local.name}:..., or rename it)"
+    )
+
+
 def resolve(spec: str) -> Callable[[], Any]:
     """The callable ``spec`` names (not called)."""
     module_text, attr = _split(spec)
@@ -123,7 +141,8 @@ def resolve(spec: str) -> Callable[[], Any]:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise FactoryError(f"{module_text} has no {attr!r}") from None
+            hidden = _shadowed(module_text, module)
+            raise FactoryError(f"{module_text} has no {attr!r}{hidden}") from None
     if not callable(obj):
         raise FactoryError(f"{spec}: {attr} is a {type(obj).__name__}, not a function")
     return obj  # type: ignore[no-any-return]
