@@ -302,3 +302,13 @@ def test_another_version_of_the_script_is_listed_not_held_against_the_verdict() 
     assert c.verdict == "faster"
     assert ("the script changed: train.py at 1234567890 -> train.py at 1234567890+modified "
             "(sha256 bbbbbbbbbbbb)") in c.notes  # fmt: skip
+
+
+def test_a_run_that_crashed_is_said_so_beside_its_verdict() -> None:
+    crashed = run(0.025, seed=2)
+    crashed.meta = dataclasses.replace(crashed.meta, exit_code=-11)
+    c = compare_runs(run(0.05), crashed, [], [])
+    assert c.verdict == "faster"
+    assert any("ended with exit code -11 (killed by SIGSEGV): its steps until then" in n
+               for n in c.notes), c.notes  # fmt: skip
+    assert not any("exit code" in n for n in compare_runs(run(0.05), run(0.025), [], []).notes)

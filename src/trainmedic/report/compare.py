@@ -333,6 +333,7 @@ def compare_groups(
     if not samples and any(v.summary.samples_per_step_mean is None for v in (*views_b, *views_a)):
         notes.append("samples per step unknown in a run: throughput compared in steps/s")
     notes += _machine_notes(b, a) + _changes(runs_b, runs_a)
+    notes += _ended_badly([*views_b, *views_a], [*nb, *na])
     median_b, median_a = b.summary.step_time_median_s, a.summary.step_time_median_s
     median_ratio = median_a / median_b if median_a and median_b else None
     resolved, still, new = _finding_changes(
@@ -501,6 +502,22 @@ def _differences(b: RunFacts, a: RunFacts, verdict: str) -> list[tuple[float, st
         found.append((math.inf, f"the runs ran on different GPUs ({', '.join(b.gpu_models)} "
                                 f"before, {', '.join(a.gpu_models)} after)"))  # fmt: skip
     return found
+
+
+def _ended_badly(views: Sequence[RunView], names: Sequence[str]) -> list[str]:
+    """Runs whose job failed or was killed: their steps up to then are compared, and
+    the comparison says so (a fix that makes a job crash is no speed-up)."""
+    from trainmedic.report.run_summary import format_exit_code
+
+    out = []
+    for view, name in zip(views, names, strict=True):
+        code = view.record.meta.exit_code
+        if code not in (0, None):
+            out.append(
+                f"{name} ended with exit code {format_exit_code(code)}: its steps until then "
+                "are compared"
+            )
+    return out
 
 
 def _changes(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[str]:
