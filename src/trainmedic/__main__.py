@@ -2,6 +2,6 @@
 
 import sys
 
-from trainmedic.cli.main import main
+from trainmedic._entry import main
 
 sys.exit(main())

@@ -614,3 +614,18 @@ def test_pci_bus_ids_normalise_across_sources() -> None:
     assert normalize_pci_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
     assert normalize_pci_bus_id("0000:3b:00") == "0000:3b:00.0"
     assert GpuRef(pci_bus_id="00000000:3B:00.0").same_gpu(GpuRef(pci_bus_id="0000:3b:00"))
+
+
+def test_a_keyboard_interrupt_raised_in_the_job_is_a_stop_not_a_bug() -> None:
+    # Ctrl-C while the job imports torch: Python raises it and the job exits 1.
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "/w/train.py", line 1, in <module>\n'
+        "    import torch\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/__init__.py", line 290, in <module>\n'
+        "    from torch._C import *\n"
+        "KeyboardInterrupt\n"
+    )
+    c = classify_failure(make_evidence(1, stderr))
+    assert c.failure_class is FailureClass.PREEMPTED
+    assert "interrupted (SIGINT, Ctrl-C)" in c.why

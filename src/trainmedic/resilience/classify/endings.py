@@ -189,6 +189,18 @@ def user_exception(
     details: dict[str, Any] = {"exception_type": exc_type}
     if pid is not None:
         details["pid"] = pid
+    if exc_type.rsplit(".", 1)[-1] == "KeyboardInterrupt":
+        # Ctrl-C (SIGINT) reached the job where Python raises it instead of dying by it
+        # (during an import, in a child): a person stopped it - no bug, no restart.
+        return base.make(
+            FailureClass.PREEMPTED,
+            Category.TIMEOUT,
+            "medium",
+            "the job was interrupted (SIGINT, Ctrl-C): its uncaught KeyboardInterrupt",
+            shown,
+            location=location,
+            details=details,
+        )
     if _is_broken_pipe(exc_type, message):
         # Its own stdout's reader went away (`| head`), or a pipe or socket it
         # wrote to: a local fact, never evidence of another rank.
