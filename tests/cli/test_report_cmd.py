@@ -219,3 +219,17 @@ def test_unrelated_runs_are_not_merged_as_one_jobs_nodes(
     code, out, err = run_cli(capsys, "report", str(a), str(b))
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"{a} holds no distributed ranks" in err and "Traceback" not in err
+
+
+def test_a_negative_step_time_in_a_hand_edited_record_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    run_dir = make_run(tmp_path, with_findings=False)
+    steps = run_dir / "steps.jsonl"
+    lines = steps.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["d"] = -0.25
+    steps.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    code, out, err = run_cli(capsys, "report", str(run_dir))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "steps.jsonl" in err and "duration_s must be a time of 0 s or more, not -0.25" in err

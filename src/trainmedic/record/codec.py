@@ -82,15 +82,28 @@ def encode_step(step: StepRecord) -> dict[str, Any]:
     return out
 
 
+def _time(raw: Any, name: str) -> float:
+    """A time span, seconds: a hand-edited record's negative one is malformed, not a
+    step that took less than nothing."""
+    value = float(raw)
+    if not value >= 0.0:  # also NaN
+        raise ValueError(f"{name} must be a time of 0 s or more, not {raw!r}")
+    return value
+
+
+def _opt_time(raw: Any, name: str) -> float | None:
+    return None if raw is None else _time(raw, name)
+
+
 def decode_step(obj: Mapping[str, Any]) -> StepRecord:
     k = STEP_KEYS
     return StepRecord(
         step=int_value(obj[k["step"]]),
         t=float(obj[k["t"]]),
-        duration_s=float(obj[k["duration_s"]]),
-        data_wait_s=float(obj.get(k["data_wait_s"], 0.0)),
-        compute_s=opt_float(obj.get(k["compute_s"])),
-        gpu_time_s=opt_float(obj.get(k["gpu_time_s"])),
+        duration_s=_time(obj[k["duration_s"]], "duration_s"),
+        data_wait_s=_time(obj.get(k["data_wait_s"], 0.0), "data_wait_s"),
+        compute_s=_opt_time(obj.get(k["compute_s"]), "compute_s"),
+        gpu_time_s=_opt_time(obj.get(k["gpu_time_s"]), "gpu_time_s"),
         samples=opt_int(obj.get(k["samples"])),
         source=str_value(obj.get(k["source"], "optimizer")),
         phase=str_value(obj.get(k["phase"], "train")),
