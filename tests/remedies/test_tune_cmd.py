@@ -220,3 +220,9 @@ def test_a_local_module_hidden_by_the_standard_librarys_is_named(tune, tmp_path:
     assert got.returncode == 2
     assert "json has no 'good' (json is the module from " in got.stderr
     assert "which hides your json.py here: give its path, ./json.py:..., or rename it" in got.stderr
+
+
+def test_code_that_ends_the_process_is_said_so(tune) -> None:  # type: ignore[no-untyped-def]
+    got = tune("dataloader", "blocking_code:exits", "--budget", "2")
+    assert got.returncode == 1
+    assert "tune dataloader ended without a result: your code ended the process" in got.stderr

@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from typing import IO
 
 CHILD_ENV = "TRAINMEDIC_TUNE_CHILD"
+DONE_FD_ENV = "TRAINMEDIC_TUNE_DONE_FD"
+"""A pipe the child writes ``done`` into when its command finished: one that exits 0
+without it was ended by the user's code (``os._exit``), not by trainmedic."""
 STARTUP_S = 20.0
 """Seconds allowed beyond the budget: the interpreter, torch and the user's module
 to import, the factory to build its dataset."""
@@ -43,6 +46,14 @@ def in_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 
 
+def mark_done() -> None:
+    """In the child: the command finished and said what it had to say."""
+    fd = os.environ.get(DONE_FD_ENV)
+    if fd and fd.isdigit():
+        with contextlib.suppress(OSError):
+            os.write(int(fd), b"done")
+
+
 def _pump(source: IO[bytes], sink: IO[str]) -> None:
     for raw in iter(source.readline, b""):
         with contextlib.suppress(OSError, ValueError):
@@ -53,14 +64,26 @@ def _pump(source: IO[bytes], sink: IO[str]) -> None:
 def run_bounded(args: Sequence[str], budget_s: float, what: str) -> int:
     """``trainmedic ARGS`` in a child, stopped after ``budget_s`` + :data:`STARTUP_S`;
     its exit status, or :data:`OVERRUN_EXIT` when it had to be stopped."""
-    env = {**os.environ, CHILD_ENV: "1"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD_MAIN, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,  # one group: its DataLoader workers stop with it
-    )
+    done_r, done_w = os.pipe()
+    env = {**os.environ, CHILD_ENV: "1", DONE_FD_ENV: str(done_w)}
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD_MAIN, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            pass_fds=(done_w,),
+            start_new_session=True,  # one group: its DataLoader workers stop with it
+        )
+    finally:
+        os.close(done_w)
+    try:
+        return _watch(child, budget_s, what, done_r)
+    finally:
+        os.close(done_r)
+
+
+def _watch(child: subprocess.Popen[bytes], budget_s: float, what: str, done_r: int) -> int:
     assert child.stdout is not None and child.stderr is not None
     pumps = [
         threading.Thread(target=_pump, args=(child.stdout, sys.stdout), daemon=True),
@@ -85,8 +108,24 @@ def run_bounded(args: Sequence[str], budget_s: float, what: str) -> int:
     except BaseException:  # Ctrl-C: the child is in its own session, stop it too
         _stop(child)
         raise
+    # What the child left behind (a DataLoader worker it did not stop) would hold the
+    # pipes open: the command is over, so is its process group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
     for p in pumps:
-        p.join()
+        p.join(timeout=STOP_GRACE_S)
+    os.set_blocking(done_r, False)
+    try:
+        done = os.read(done_r, 16) == b"done"
+    except OSError:  # nothing written (EAGAIN): the child never got there
+        done = False
+    if code == 0 and not done:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                f"trainmedic: error: {what} ended without a result: your code ended the "
+                "process (os._exit, or a library that exits) before it finished\n"
+            )
+        return 1
     return 128 - code if code < 0 else code
 
 

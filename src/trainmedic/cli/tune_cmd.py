@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from trainmedic.cli.bounded import in_child, run_bounded
+from trainmedic.cli.bounded import in_child, mark_done, run_bounded
 from trainmedic.cli.options import FiniteRange, json_option
 from trainmedic.cli.outputs import Output, check_outputs, write_output
 from trainmedic.errors import InputError, TrainmedicError
@@ -158,9 +158,9 @@ def dataloader(
         )
     data = result.to_dict()
     data["factory"] = factory
-    if _emit(json_out, output, data):
-        return 0
-    _print_tuning(Console(highlight=False), result)
+    if not _emit(json_out, output, data):
+        _print_tuning(Console(highlight=False), result)
+    mark_done()
     return 0
 
 
@@ -320,6 +320,7 @@ def batch_size_cmd(
     data = result.to_dict()
     data["factory"] = factory
     if _emit(json_out, output, data):
+        mark_done()
         return 0
     console = Console(highlight=False)
     table = Table(title="Batch sizes tried")
@@ -347,6 +348,7 @@ def batch_size_cmd(
             f"(effective batch {result.effective_batch_size})"
         )
     console.print(line, markup=False)
+    mark_done()
     return 0
 
 

@@ -29,3 +29,7 @@ class Stuck:
 
 def stuck_dataset():
     return Stuck()
+
+
+def exits():
+    os._exit(0)  # ends the process where it stands, as some libraries do
