@@ -24,7 +24,8 @@ VALUES = st.one_of(
     st.sampled_from(
         ["", "0", "-1", "1e309", "nan", "inf", "-inf", "1" * 5000, "0x10", "1_000", " 5",
          "/", "/dev/zero", "/dev/null", ".", "..", "a" * 300, "~nouser/x", "-", "--", "\udcff",
-         "{checkpoint", "{step!r}", "}{", "never", "error", "info"]
+         "{checkpoint", "{step!r}", "}{", "never", "error", "info", "٣", "²", "１", "0.5",
+         "1e-300", "NaN", "+inf"]
     ),
     st.text(max_size=20),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
@@ -126,3 +127,21 @@ def test_fuzz_run_directory_paths(tmp_path: Path, path: str) -> None:
     except RunDirectoryError as exc:
         assert "\n" not in str(exc)
         printable(str(exc)).encode("utf-8")  # shows without an encoding error
+
+
+@FUZZ
+@given(min_effect=VALUES, confidence=VALUES, noise=VALUES, budget=VALUES, step=VALUES,
+       port=VALUES)  # fmt: skip
+def test_fuzz_numeric_options(
+    min_effect: str, confidence: str, noise: str, budget: str, step: str, port: str
+) -> None:
+    # Runs and outputs that do not exist: every number is judged before they are looked for.
+    compare = ["compare", MISSING, MISSING, "--min-effect", min_effect, "--confidence",
+               confidence, "--run-noise", noise]  # fmt: skip
+    tune = ["tune", "dataloader", "m:f", "--budget", budget, "--step-ms", step, "--json",
+            "/nonexistent-trainmedic-fuzz/x.json"]  # fmt: skip
+    prometheus = ["run", "--prometheus", port, "--", MISSING]
+    for args in (compare, tune, prometheus):
+        code, _, err = run_cli(args)
+        assert code in (2, 127), (args, code, err)
+        assert_clean(code, err, ok=())
