@@ -317,3 +317,13 @@ def test_a_runs_fixes_are_refused_for_another_script_unless_the_user_says_so(
                  str(source), "--apply-anyway", "--", sys.executable, str(script)])  # fmt: skip
     assert code == 0 and marker.exists()
     assert main(["run", "--apply-anyway", "--", "true"]) == 2
+
+
+def test_a_tuning_file_names_the_code_of_its_dataset(tmp_path: Path) -> None:
+    path = tuning_file(tmp_path / "t.json", [1.5, 2.0])
+    data = json.loads(path.read_text())
+    data["dataset_code"] = "ab" * 32
+    path.write_text(json.dumps(data))
+    plan = plan_from(path, limits=BIG)
+    assert plan.dataset_codes == ("ab" * 32,)
+    assert ApplyPlan.from_dict(json.loads(plan.to_env())).dataset_codes == ("ab" * 32,)

@@ -99,6 +99,22 @@ def test_loaders_over_other_datasets_are_left_alone(apply: Any) -> None:
     assert probe.kinds() == ["remedy_applied"]
 
 
+def test_a_dataset_of_the_same_name_from_other_code_is_left_alone(apply: Any) -> None:
+    from trainmedic.codehash import code_of
+
+    types = [f"{Numbers.__module__}.Numbers"]
+    _, probe = apply(dataloader={"num_workers": 2}, dataset_types=types,
+                     dataset_codes=["0" * 64])  # tuned on another file's Numbers  # fmt: skip
+    assert DataLoader(Numbers(), batch_size=8).num_workers == 0
+    assert probe.kinds() == ["remedy_not_applied"]
+    assert "defined by other code than the dataset tuned" in probe.events[0].data["reason"]
+    code = code_of(Numbers())
+    assert code is not None and len(code) == 64
+    _, same = apply(dataloader={"num_workers": 2}, dataset_types=types, dataset_codes=[code])
+    assert DataLoader(Numbers(), batch_size=8).num_workers == 2
+    assert same.kinds() == ["remedy_applied"]
+
+
 def test_an_iterable_dataset_is_not_given_workers_and_the_record_says_why(apply: Any) -> None:
     _, probe = apply(dataloader={"num_workers": 2})
     assert DataLoader(Stream(), batch_size=2).num_workers == 0

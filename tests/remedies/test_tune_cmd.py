@@ -58,6 +58,7 @@ def test_a_latency_bound_dataset_gets_much_faster_settings_with_their_interval(t
     assert result["batch_size"] == 16
     assert result["profile"]["kind"] == "latency"
     assert result["dataset_type"] == "loader_data.Waiting"
+    assert len(result["dataset_code"]) == 64  # which file defines it: --apply-from checks
     assert result["elapsed_s"] <= 4.0 + 5.0  # the budget, and the start-up of the last trial
 
 

@@ -38,6 +38,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from trainmedic.codehash import code_of
+
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
 
@@ -107,6 +109,7 @@ class Applier:
         self.loader_plan: dict[str, Any] = dict(plan.get("dataloader") or {})
         self.switches: dict[str, bool] = dict(plan.get("switches") or {})
         self.types = frozenset(plan.get("dataset_types") or ())
+        self.codes = frozenset(plan.get("dataset_codes") or ())
         self.reasons: dict[str, str] = dict(plan.get("reasons") or {})
         self.on = True
         self.changed: weakref.WeakKeyDictionary[Any, _Changed] = weakref.WeakKeyDictionary()
@@ -210,6 +213,13 @@ class Applier:
             return {}
         if self.types and _type_name(dataset) not in self.types:
             return {}  # another dataset than the one measured (an evaluation set, say)
+        if self.codes and code_of(dataset) not in self.codes:
+            self._not_applied(
+                dataset,
+                f"{_type_name(dataset)} here is defined by other code than the dataset "
+                "tuned (a class of the same name in another file)",
+            )
+            return {}
         plan = self.loader_plan
         new: dict[str, Any] = {}
         workers = int(args.get("num_workers") or 0)

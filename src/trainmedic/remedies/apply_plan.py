@@ -57,6 +57,9 @@ class ApplyPlan:
         reasons: why each setting or switch is (or is not) in the plan.
         made_for: the command line of the run the plan was measured on; empty for a
             tuning file.
+        dataset_codes: hashes of the files defining the dataset classes measured
+            (:mod:`trainmedic.codehash`; a tuning file's): only loaders over a class of
+            the same name *and* code are changed (empty: the name decides).
     """
 
     source: str
@@ -65,6 +68,7 @@ class ApplyPlan:
     dataset_types: tuple[str, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)
     made_for: tuple[str, ...] = ()
+    dataset_codes: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -78,6 +82,7 @@ class ApplyPlan:
             "dataset_types": list(self.dataset_types),
             "reasons": dict(self.reasons),
             "made_for": list(self.made_for),
+            "dataset_codes": list(self.dataset_codes),
         }
 
     def to_env(self) -> str:
@@ -92,6 +97,7 @@ class ApplyPlan:
             dataset_types=tuple(str(t) for t in data.get("dataset_types") or ()),
             reasons={str(k): str(v) for k, v in dict(data.get("reasons") or {}).items()},
             made_for=tuple(str(a) for a in data.get("made_for") or ()),
+            dataset_codes=tuple(str(c) for c in data.get("dataset_codes") or ()),
         )
 
     def describe(self) -> list[str]:
@@ -356,4 +362,8 @@ def plan_from_tuning(path: Path) -> ApplyPlan:
             "current ones"
         )
     kind = data.get("dataset_type")
-    return ApplyPlan(str(path), loader, {}, (kind,) if isinstance(kind, str) else (), reasons)
+    code = data.get("dataset_code")
+    return ApplyPlan(
+        str(path), loader, {}, (kind,) if isinstance(kind, str) else (), reasons,
+        dataset_codes=(code,) if isinstance(code, str) else (),
+    )  # fmt: skip

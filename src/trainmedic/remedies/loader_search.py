@@ -82,6 +82,7 @@ class TuneResult:
     elapsed_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     dataset_type: str | None = None
+    dataset_code: str | None = None
     step_s: float = 0.0
 
     @property
@@ -126,6 +127,7 @@ class TuneResult:
             "trials": [t.to_dict() for t in self.trials],
             "notes": list(self.notes),
             "dataset_type": self.dataset_type,
+            "dataset_code": self.dataset_code,
             "step_s": self.step_s,
         }
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from trainmedic.codehash import code_of
 from trainmedic.errors import UsageError
 from trainmedic.remedies.limits import LoaderLimits, read_limits
 from trainmedic.remedies.loader_measure import LoaderBench, LoaderSettings
@@ -123,4 +124,9 @@ def tune_dataloader(
     baseline, best, recommended = search.run()
     result = summarize(search, baseline, best, recommended, clock() - started)
     kind = type(dataset)
-    return replace(result, dataset_type=f"{kind.__module__}.{kind.__qualname__}", step_s=step_s)
+    return replace(
+        result,
+        dataset_type=f"{kind.__module__}.{kind.__qualname__}",
+        dataset_code=code_of(dataset),
+        step_s=step_s,
+    )
