@@ -27,6 +27,18 @@ from trainmedic.errors import InputError, TrainmedicError
 _json_option = json_option("the result", " (a FILE can be given to trainmedic run --apply-from)")
 
 
+def _budget_option(default: float, help: str) -> Callable[[Callable[..., Any]], Any]:
+    """``--budget SECONDS``: a bound, enforced on a child (:mod:`trainmedic.cli.bounded`)."""
+    return click.option(
+        "--budget",
+        type=FiniteRange(min=2.0, max=86400.0),
+        default=default,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
 def _verbose_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--verbose", "-v", is_flag=True, help="Show the traceback of errors in your code."
@@ -104,14 +116,7 @@ def tune() -> None:
     default=None,
     help="Samples per batch (default: the DataLoader's, else 32).",
 )
-@click.option(
-    "--budget",
-    type=FiniteRange(min=2.0, max=86400.0),
-    default=60.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Time to spend measuring.",
-)
+@_budget_option(60.0, "Time to spend measuring; the measuring is stopped there.")
 @click.option(
     "--step-ms",
     type=FiniteRange(min=0.0, max=600_000.0),
@@ -252,14 +257,7 @@ def _without_evidence(result: Any) -> str | None:
     help="The batch you train with: the accumulation steps keep it.",
 )
 @click.option("--max-size", type=click.IntRange(min=1), default=65536, show_default=True)
-@click.option(
-    "--budget",
-    type=FiniteRange(min=2.0, max=86400.0),
-    default=600.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Time the search may take; it is stopped there.",
-)
+@_budget_option(600.0, "Time the search may take; it is stopped there.")
 @click.option(
     "--margin",
     type=FiniteRange(0.0, 0.9),
