@@ -180,10 +180,14 @@ class _Taken(RunDirectoryError):
 
 def _prepare(path: Path, default: bool) -> PreparedRunDir:
     shown = printable(str(path))
-    if default and path.exists():
-        raise _Taken(shown)
-    check_run_dir(path)
-    if path.is_dir():
+    if default:
+        # A default name is only ever new: one that exists (another run's, made a moment
+        # ago) is taken, and the mkdir below decides a race for it.
+        if path.exists() or path.is_symlink():
+            raise _Taken(shown)
+    else:
+        check_run_dir(path)
+    if not default and path.is_dir():
         mode = stat.S_IMODE(path.stat().st_mode)
         note = None
         if mode & 0o077:
