@@ -327,8 +327,10 @@ CASES: tuple[Case, ...] = (
     Case("processes-computing-store", "handoff", lambda e: _handoff(
         e, "processes", "store", "--steps", "15", "--batch-size", "8",
         store=e.computing_store), "input.server_cpu", "cpu", check=_server_computes),
+    # 150 steps: at 60 a fast machine ran the steady steps in a quarter of a second and
+    # the loop's waits got 3 stack samples (CI); here 60 steps take 0.6 s and get 67.
     Case("processes-compute", "handoff", lambda e: _handoff(
-        e, "processes", "compute", "--steps", "60", "--batch-size", "8", "--producers", "1"),
+        e, "processes", "compute", "--steps", "150", "--batch-size", "8", "--producers", "1"),
         "input.workers", "framework_config", check=_more_producers),
     Case("asyncio-store", "handoff", lambda e: _handoff(
         e, "asyncio", "store", "--steps", "20", "--batch-size", "8"),
