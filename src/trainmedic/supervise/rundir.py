@@ -126,14 +126,7 @@ def check_run_dir(path: Path) -> None:
     except OSError as exc:
         raise RunDirectoryError(f"--out {shown}: cannot be read: {exc.strerror or exc}") from None
     if LOCK_FILE in entries and META_FILE not in entries:
-        try:
-            holder = (path / LOCK_FILE).read_text(encoding="ascii", errors="replace").strip()[:20]
-        except OSError:
-            holder = "?"
-        raise RunDirectoryError(
-            f"--out {shown}: another run (trainmedic pid {holder}) is using it "
-            "(choose a new directory)"
-        )
+        raise RunDirectoryError(_in_use(path, shown))
     if META_FILE in entries:
         raise RunDirectoryError(
             f"--out {shown}: holds the record of an earlier run"
@@ -234,14 +227,7 @@ def _reserve(path: Path, default: bool) -> Path:
     except FileExistsError:
         if default:
             raise _Taken(shown) from None
-        try:
-            holder = lock.read_text(encoding="ascii", errors="replace").strip()[:20]
-        except OSError:
-            holder = "?"
-        raise RunDirectoryError(
-            f"--out {shown}: another run (trainmedic pid {holder}) is using it "
-            "(choose a new directory)"
-        ) from None
+        raise RunDirectoryError(_in_use(path, shown)) from None
     except OSError as exc:
         raise RunDirectoryError(
             f"run directory {shown}: cannot be written: {exc.strerror or exc}"
@@ -251,6 +237,18 @@ def _reserve(path: Path, default: bool) -> Path:
     finally:
         os.close(fd)
     return lock
+
+
+def _in_use(path: Path, shown: str) -> str:
+    """The refusal of a directory another run reserved, naming that run's supervisor."""
+    try:
+        holder = (path / LOCK_FILE).read_text(encoding="ascii", errors="replace").strip()[:20]
+    except OSError:
+        holder = "?"
+    return (
+        f"--out {shown}: another run (trainmedic pid {holder}) is using it "
+        "(choose a new directory)"
+    )
 
 
 def release(prepared: PreparedRunDir) -> None:
