@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,9 +53,62 @@ def test_exit_status_is_what_a_shell_reports(returncode: int, status: int) -> No
 
 
 def test_the_job_runs_in_its_own_session_with_its_output_captured() -> None:
-    code = "import os, sys; print(os.getsid(0) == os.getpid()); sys.stderr.write('e'); sys.exit(3)"
+    code = (
+        f"import os, sys; print(os.getsid(0) != {os.getsid(0)}, os.getpid());"
+        " sys.stderr.write('e'); sys.exit(3)"
+    )
     job, out, err = run_job([sys.executable, "-c", code])
-    assert (job.returncode, out, err) == (3, b"True\n", b"e")
+    own_session, pid = out.split()
+    assert (job.returncode, own_session, err) == (3, b"True", b"e")
+    assert int(pid) == job.pid  # the job itself, not the process that holds its session
+    assert job.pgid != job.pid
+
+
+def test_the_job_may_start_a_session_of_its_own() -> None:
+    """A session leader cannot call setsid(): the job is not made one (EPERM otherwise)."""
+    code = "import os; os.setsid(); print(os.getsid(0) == os.getpid())"
+    job, out, err = run_job([sys.executable, "-c", code])
+    assert (job.returncode, out, err) == (0, b"True\n", b"")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV])
+def test_a_job_killed_by_a_signal_reads_as_killed_by_it(sig: int) -> None:
+    code = f"import os; os.kill(os.getpid(), {int(sig)})"
+    job, _, _ = run_job([sys.executable, "-c", code])
+    assert job.returncode == -sig
+
+
+def test_the_job_starts_with_the_signal_dispositions_popen_gives() -> None:
+    """Nothing ignored that a plain ``Popen`` would not ignore (Python ignores SIGPIPE itself)."""
+    argv = ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"]
+    _, out, _ = run_job(argv)
+    plain = subprocess.run(argv, capture_output=True, check=True).stdout
+    assert out == plain
+
+
+def test_a_signal_to_the_group_reaches_the_job_once_and_its_status_comes_back() -> None:
+    code = (
+        "import signal, sys, time\n"
+        "n = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: n.append(1))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(1.0)\n"
+        "sys.exit(10 + len(n))\n"
+    )
+    r_out, w_out = os.pipe()
+    try:
+        job = Job.start([sys.executable, "-c", code], dict(os.environ), stdout_fd=w_out)
+    finally:
+        os.close(w_out)
+    fd = job.streams[w_out].fd
+    got = b""
+    while not got.endswith(b"\n"):
+        got += os.read(fd, 16)
+    assert got == b"ready\n"
+    assert job.signal_group(signal.SIGTERM)
+    assert job.wait(30) == 11  # the handler ran once; the holder outlived the signal
+    os.close(fd)
+    os.close(r_out)
 
 
 def test_a_missing_command_is_exit_127() -> None:

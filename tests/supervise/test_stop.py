@@ -155,3 +155,15 @@ def test_only_the_jobs_orphans_are_adopted_not_the_supervisors_own_children(
     assert got["helper"] not in got["killed"] + got["terminated"]
     assert got["helper_running"]
     assert not alive(got["orphan"])
+
+
+def test_a_job_that_left_its_group_itself_is_stopped(tmp_path: Path) -> None:
+    """The job may call setsid(): the group's signal misses it, so it is sent one directly."""
+    code = TREE.replace("out = sys.argv[1]", "os.setsid()\nout = sys.argv[1]")
+    job, pids = start(tmp_path, code)
+    assert os.getpgid(pids[0]) != job.pgid
+    report = stop_job(job, grace_s=0.3)
+    assert report.survivors == ()
+    assert job.returncode == -9
+    assert pids[0] in report.killed
+    assert not [p for p in pids if alive(p)]

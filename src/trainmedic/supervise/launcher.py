@@ -2,7 +2,9 @@
 
 The child runs in a new session (its own process group), so the terminal's
 Ctrl-C reaches trainmedic only and trainmedic decides what the job gets
-(:mod:`trainmedic.supervise.signals`). Its stdout and stderr are
+(:mod:`trainmedic.supervise.signals`). A small process leads that session
+(:mod:`trainmedic.supervise.session_holder`) and the job is its child, so the
+job may call ``setsid()`` itself, as it can when a script starts it. Its stdout and stderr are
 pseudo-terminals when ours are terminals (so the job buffers, colours and draws progress bars as it
 would without trainmedic) and pipes otherwise. When our stdout and stderr go
 to the same place (one terminal, or ``> log 2>&1``), the job gets a single
@@ -207,14 +209,54 @@ def _open_pty(like_fd: int) -> tuple[int, int]:
     return master, slave
 
 
+_HOLDER = (sys.executable, "-I", "-S", str(Path(__file__).with_name("session_holder.py")))
+"""The session's holder, run with nothing of the user's Python environment."""
+
+
+def _started(popen: subprocess.Popen[bytes], report_fd: int, shown: str) -> int:
+    """The job's pid once its program runs, from the holder's report line.
+
+    Raises:
+        CommandNotFoundError / CommandNotExecutableError: its ``exec`` failed.
+    """
+    data = b""
+    try:
+        while chunk := os.read(report_fd, 64):
+            data += chunk
+    finally:
+        os.close(report_fd)
+    kind, _, value = data.decode("ascii", "replace").strip().partition(" ")
+    if kind == "ok" and value.isdigit():
+        return int(value)
+    popen.wait()
+    code = int(value) if kind == "err" and value.isdigit() else 0
+    name = printable(shown)
+    if code == errno.ENOENT:
+        raise CommandNotFoundError(f"command not found: {name}")
+    if code in (errno.EACCES, errno.EPERM, errno.EISDIR):
+        raise CommandNotExecutableError(f"command not executable: {name}")
+    if code == errno.ENOEXEC:
+        raise CommandNotExecutableError(f"command not executable: {name} (exec format error)")
+    if code:
+        raise OSError(code, f"{os.strerror(code)}: {name}")
+    raise OSError(errno.ECHILD, f"the job's session could not be started (exit {popen.returncode})")
+
+
 class Job:
     """The user's command, running."""
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], streams: dict[int, OutputStream], token: str = ""
+        self,
+        popen: subprocess.Popen[bytes],
+        streams: dict[int, OutputStream],
+        token: str = "",
+        pid: int | None = None,
     ) -> None:
         self.popen = popen
-        self.pid = popen.pid
+        # ``popen`` is the session's holder: it leads the session and the
+        # process group and ends as the job ends; ``pid`` is the job itself.
+        self.pgid = popen.pid
+        self.pid = popen.pid if pid is None else pid
         self.streams = streams
         # Processes ever seen in the leader's tree, and our own children that
         # are not the job's, each as (pid, start time): a pid alone may be reused.
@@ -261,10 +303,11 @@ class Job:
                     r, w = os.pipe()
                     streams[target] = OutputStream(r, False)
                     child_ends[target] = w
+            report_r, report_w = os.pipe()
             try:
                 popen = subprocess.Popen(
-                    list(argv),
-                    executable=executable,
+                    [*_HOLDER, str(report_w), executable, *argv],
+                    executable=sys.executable,
                     env=dict(env),
                     cwd=cwd,
                     stdin=None,
@@ -272,18 +315,11 @@ class Job:
                     stderr=child_ends[stdout_fd if merge else stderr_fd],
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=(report_w,),
                 )
-            except FileNotFoundError:
-                raise CommandNotFoundError(f"command not found: {printable(argv[0])}") from None
-            except PermissionError:
-                shown = printable(argv[0])
-                raise CommandNotExecutableError(f"command not executable: {shown}") from None
-            except OSError as exc:
-                if exc.errno == errno.ENOEXEC:
-                    raise CommandNotExecutableError(
-                        f"command not executable: {printable(argv[0])} (exec format error)"
-                    ) from None
-                raise
+            finally:
+                os.close(report_w)
+            pid = _started(popen, report_r, argv[0])
         except BaseException:
             for s in streams.values():
                 with contextlib.suppress(OSError):
@@ -293,7 +329,7 @@ class Job:
             for fd in child_ends.values():
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        return cls(popen, streams, token)
+        return cls(popen, streams, token, pid)
 
     # --- observing ---------------------------------------------------------------------
 
@@ -331,7 +367,9 @@ class Job:
                 self._members.add((p.pid, p.create_time()))
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process().children():
-                if child.pid == self.pid or child.pid in _NOT_THE_JOB or child.pid in found:
+                if child.pid in (self.pid, self.pgid) or child.pid in _NOT_THE_JOB:
+                    continue
+                if child.pid in found:
                     continue
                 if not self._is_member(child):
                     continue
@@ -363,7 +401,7 @@ class Job:
     def signal_group(self, sig: int) -> bool:
         """Send ``sig`` to the job's process group; ``False`` when the group is gone."""
         try:
-            os.killpg(self.pid, sig)
+            os.killpg(self.pgid, sig)
             return True
         except (ProcessLookupError, PermissionError):
             return False

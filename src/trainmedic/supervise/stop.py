@@ -23,6 +23,7 @@ behind ``Popen``'s back and its return code would be lost.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -152,6 +153,10 @@ def wait_gpu_release(
 
 def _signal_all(job: Job, procs: Iterable[psutil.Process], sig: int) -> None:
     job.signal_group(sig)
+    # A job that called setsid() left the group; only then is it sent one directly.
+    with contextlib.suppress(OSError):
+        if os.getpgid(job.pid) != job.pgid:
+            os.kill(job.pid, sig)
     for p in procs:
         # Those in the group already got it; a second delivery is harmless,
         # but a process that left the group gets it only this way.
