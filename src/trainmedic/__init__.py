@@ -1,8 +1,10 @@
 """trainmedic: why is deep-learning training slow or stuck, with no code change.
 
-The public API is what a training script may call; everything else is reached
-through the ``trainmedic`` command. The API is loaded on first use, so
-``import trainmedic`` stays cheap (and never imports torch).
+The public API is what a training script may call, and the errors it may
+catch; everything else is reached through the ``trainmedic`` command (a run
+directory's findings from Python: :func:`trainmedic.diagnose.diagnose`). The
+API is loaded on first use, so ``import trainmedic`` stays cheap (and never
+imports torch).
 """
 
 from __future__ import annotations
@@ -11,11 +13,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CachedDataset",
+    "CheckpointError",
     "Checkpointer",
+    "InputError",
     "LocalCache",
+    "MicroBatchError",
     "MicroBatchStep",
     "ResilientDataset",
+    "RunDirectoryError",
+    "SimulationFileError",
     "ThreadedFetch",
+    "TooManyBadSamples",
+    "TrainmedicError",
+    "UsageError",
     "__version__",
     "check_mixed_precision",
     "find_batch_size",
@@ -29,6 +39,15 @@ __all__ = [
 ]
 
 _LAZY = {
+    # The exception tree (trainmedic.errors), and the remedies' own errors.
+    "TrainmedicError": "trainmedic.errors",
+    "UsageError": "trainmedic.errors",
+    "InputError": "trainmedic.errors",
+    "RunDirectoryError": "trainmedic.errors",
+    "SimulationFileError": "trainmedic.errors",
+    "CheckpointError": "trainmedic.errors",
+    "MicroBatchError": "trainmedic.remedies.microbatch",
+    "TooManyBadSamples": "trainmedic.remedies.resilient",
     "step": "trainmedic.api",
     "phase": "trainmedic.api",
     "Checkpointer": "trainmedic.checkpoint",

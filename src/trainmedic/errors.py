@@ -9,7 +9,6 @@ else that escapes is a bug.
     │   └── InputError                 a file, path or URL given by the user is unusable
     │       ├── SimulationFileError    a simulation file is malformed or incomplete
     │       └── RunDirectoryError      a run directory is missing, unreadable or corrupt
-    ├── BackendError                   a GPU backend failed in a way that is not "unsupported"
     └── CheckpointError                checkpoints exist but none can be loaded, or one does
                                        not fit
 
@@ -59,10 +58,6 @@ class SimulationFileError(InputError):
         self.problem = problem
         where = f"{path}: {field}" if field else path
         super().__init__(f"simulation file {where}: {problem}")
-
-
-class BackendError(TrainmedicError):
-    """A GPU backend call failed for a reason other than "not supported"."""
 
 
 class RunDirectoryError(InputError):

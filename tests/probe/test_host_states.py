@@ -7,8 +7,9 @@ import sysconfig
 import pytest
 
 from trainmedic.probe.frames import FrameInfo
-from trainmedic.probe.host_states import DATA_STATES, OUTSIDE_STATES, classify_outside, name_words
+from trainmedic.probe.host_states import classify_outside, name_words
 from trainmedic.probe.stacks import ActivityAggregate
+from trainmedic.record.sample_states import DATA_STATES, OUTSIDE_STATES
 
 SCRIPT = "/home/me/project/train.py"
 SITE = sysconfig.get_paths()["purelib"]

@@ -629,3 +629,20 @@ def test_a_keyboard_interrupt_raised_in_the_job_is_a_stop_not_a_bug() -> None:
     c = classify_failure(make_evidence(1, stderr))
     assert c.failure_class is FailureClass.PREEMPTED
     assert "interrupted (SIGINT, Ctrl-C)" in c.why
+
+
+def test_every_failure_class_has_one_entry_in_the_catalogue() -> None:
+    from trainmedic.resilience.classify.catalogue import CLASSES
+    from trainmedic.resilience.classify.findings import FIXES, TITLES
+    from trainmedic.resilience.policy import NOT_RETRIED_BY_DEFAULT
+
+    assert set(CLASSES) == set(FailureClass)
+    assert all(info.title for info in CLASSES.values())
+    assert all(info.fix for fc, info in CLASSES.items() if fc is not FailureClass.SUCCESS)
+    assert set(NOT_RETRIED_BY_DEFAULT) == {
+        FailureClass.USER_EXCEPTION,
+        FailureClass.BAD_COMMAND,
+        FailureClass.PREEMPTED,
+    }
+    assert FIXES[FailureClass.HANG] == CLASSES[FailureClass.HANG].fix
+    assert TITLES[FailureClass.CUDA_OOM] == "The job ran out of GPU memory"

@@ -37,7 +37,7 @@ from trainmedic.diagnose.host_time import HOST_KINDS
 from trainmedic.diagnose.sampled import wilson_interval
 from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from trainmedic.findings.model import Category, Finding, Severity
-from trainmedic.probe.host_states import DATA_STATES
+from trainmedic.record.sample_states import DATA_STATES
 
 _WORK = {
     "file_read": "file",

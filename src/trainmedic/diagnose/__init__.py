@@ -8,11 +8,15 @@ module of its family; :data:`RULES` lists them in the order they run and
 run's profiler windows, when it has some (:mod:`trainmedic.diagnose.trace_windows`),
 join the run's before the verdict. Thresholds and
 their reasons: docs/diagnosis.md.
+
+:func:`diagnose` is the public entry: a run directory in, ranked findings out.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from trainmedic.diagnose.amp import grad_scaler_skips
 from trainmedic.diagnose.consistency import InconsistentFinding, checked
@@ -92,6 +96,23 @@ def diagnose_run(
     findings = _without_superseded(findings)
     findings.extend(checked(overall(view, thresholds, findings), view, thresholds, strict=strict))
     return rank_findings(findings)
+
+
+def diagnose(run_dir: str | os.PathLike[str]) -> list[Finding]:
+    """A fresh diagnosis of the run in ``run_dir`` (what ``trainmedic run`` wrote), most
+    important first: its record and its profiler windows' traces, with today's rules
+    (its ``findings.json`` is not read). The same findings ``trainmedic report`` gives
+    for a run directory without a ``findings.json``.
+
+    Raises:
+        RunDirectoryError: the directory is missing, unreadable or not a run's.
+    """
+    from trainmedic.record.reader import load_run_record
+    from trainmedic.traces.windows import read_window_traces
+
+    directory = Path(run_dir)
+    record = load_run_record(directory)
+    return diagnose_run(record, windows=read_window_traces(directory).traces)
 
 
 STRAGGLER_DATA = "distributed.straggler.data"

@@ -32,9 +32,8 @@ from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.errors import TrainmedicError
 from trainmedic.findings.model import Category, Finding, Severity
-from trainmedic.probe.handoff import HELPER_STATES
-from trainmedic.probe.host_states import DATA_STATES, OUTSIDE_STATES
-from trainmedic.probe.stacks import STATES as STACK_STATES
+from trainmedic.record.sample_states import DATA_STATES, HELPER_STATES, OUTSIDE_STATES
+from trainmedic.record.sample_states import WAIT_STATES as STACK_STATES
 
 PROBLEMS_KEY = "consistency_problems"
 SPEEDUP_SLACK = 1.25

@@ -19,7 +19,7 @@ from trainmedic.diagnose.sampled import SampledShare, sampled
 from trainmedic.diagnose.stalls import find_stalls
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
-from trainmedic.probe.host_states import DATA_STATES
+from trainmedic.record.sample_states import DATA_STATES
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from trainmedic.diagnose.servers import ServerLooks
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category
-from trainmedic.probe.handoff import IN_FLIGHT, PROCESS_PREFIX, THREAD_PREFIX, WAITS
+from trainmedic.record.sample_states import IN_FLIGHT, PROCESS_PREFIX, THREAD_PREFIX, WAITS
 
 BUSY_HELPER_STATES = ("socket", "file", "poll", "python", "cpu")
 """Helper states that do the work waited for; ``idle`` and ``wait`` do not."""

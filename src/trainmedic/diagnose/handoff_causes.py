@@ -44,8 +44,7 @@ from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.fixes import LOCAL_CACHE_FIX
 from trainmedic.findings.model import Category
-from trainmedic.probe.handoff import HELPER_STATES
-from trainmedic.probe.host_states import DATA_STATES
+from trainmedic.record.sample_states import DATA_STATES, HELPER_STATES
 
 TOP_HELPER_FRAMES = 3
 

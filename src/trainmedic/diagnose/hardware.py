@@ -11,16 +11,12 @@ exactly as doctor and the failure classifier judge them.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from typing import Any
-
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.gpu_faults import group_xids, unreachable_finding, xid_finding
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu import faults
-from trainmedic.gpu.types import GpuSample, normalize_pci_bus_id
+from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import RunEvent
 
 _DRAIN = (
@@ -28,8 +24,6 @@ _DRAIN = (
     "scheduler's exclude list), reset it (nvidia-smi -r) when idle, and report it to the "
     "provider if it repeats."
 )
-# An event whose message is not a kernel line: "Xid 79" or "xid: 79".
-_XID_IN_TEXT = re.compile(r"\bxid\b(?:\s*\([^)]*\))?\s*:?\s*(\d+)", re.IGNORECASE)
 
 
 def hardware_faults(view: RunView, th: Thresholds) -> list[Finding]:
@@ -120,39 +114,12 @@ def _xid_findings(events: list[RunEvent], gpus: list[GpuSample]) -> list[Finding
     for e in events:
         if e.kind == "xid" and (x := _xid_event(e)) is not None:
             found.append(x)
-            indices.append(_int(e.data, "gpu", "index"))
+            indices.append(faults.xid_report_gpu(e.data))
     groups = group_xids(found, gpus, indices)
     return [xid_finding(group, "during the run") for group in groups]
 
 
 def _xid_event(e: RunEvent) -> faults.XidEvent | None:
     """The event as a parsed Xid: from its kernel line, else from its data."""
-    parsed = faults.parse_xid_line(e.message)
-    code = _int(e.data, "xid", "code")
-    if parsed is not None and (code is None or code == parsed.code):
-        return parsed
-    if code is None:
-        m = _XID_IN_TEXT.search(e.message)
-        if m is None:
-            return None
-        code = int(m.group(1))
-    bus = e.data.get("pci_bus_id")
-    return faults.XidEvent(
-        code=code,
-        pci_bus_id=normalize_pci_bus_id(bus) if isinstance(bus, str) and bus else None,
-        gpu_instance=_int(e.data, "gpu_instance"),
-        pid=_int(e.data, "pid"),
-        process=None,
-        detail=str(e.data.get("detail", "")),
-        line=e.message,
-    )
+    return faults.xid_from_report(e.message, e.data)
 
-
-def _int(data: Mapping[str, Any], *keys: str) -> int | None:
-    for k in keys:
-        v = data.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        if isinstance(v, str) and v.isdigit():
-            return int(v)
-    return None

@@ -23,7 +23,7 @@ from trainmedic.diagnose.sampled import interval_evidence, sampled, share_eviden
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
-from trainmedic.probe.host_states import DATA_STATES
+from trainmedic.record.sample_states import DATA_STATES
 
 MAX_FRAMES = 5
 SHORT_STEP_S = 0.001

@@ -46,7 +46,7 @@ from trainmedic.diagnose.sampled import dominant_state, share_evidence
 from trainmedic.diagnose.thresholds import MIB, Thresholds
 from trainmedic.diagnose.view import BUSY_STATES, RunView
 from trainmedic.findings.model import Category
-from trainmedic.probe.host_states import DATA_STATES
+from trainmedic.record.sample_states import DATA_STATES
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,12 @@ from typing import Any
 
 from trainmedic.diagnose.thresholds import GIB, Thresholds
 from trainmedic.diagnose.view import RunView
-from trainmedic.findings.fixes import MICRO_BATCH_FIX
+from trainmedic.findings.fixes import CUDA_OOM_FIX
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.faults import is_cuda_oom
 from trainmedic.record.stats import weighted_quantile
 
-FIX = (
-    "Need less memory per step: a smaller micro-batch with gradient accumulation (same "
-    'effective batch), bf16 autocast (torch.autocast("cuda", dtype=torch.bfloat16)), '
-    "activation checkpointing (torch.utils.checkpoint); against fragmentation set "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. " + MICRO_BATCH_FIX
-)
+FIX = CUDA_OOM_FIX
 
 TF_FIX = (
     "Need less memory per step: a smaller batch (dataset.batch(N)), the mixed_bfloat16 "

@@ -20,7 +20,7 @@ from trainmedic.diagnose.sampled import SampledShare, sampled
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.host.peers import ACTIVITIES
-from trainmedic.probe.handoff import PEER_PREFIX, SERVER_PREFIX, SERVER_RUNNING
+from trainmedic.record.sample_states import PEER_PREFIX, SERVER_PREFIX, SERVER_RUNNING
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmedic.gpu import faults
+from trainmedic.host.types import SHM_MIN_BYTES
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -93,7 +94,7 @@ class Thresholds:
     others_cpu_share: float = 0.25
     system_cpu_busy_pct: float = 85.0
     max_recommended_workers: int = 16
-    shm_min_bytes: int = 1 * GIB
+    shm_min_bytes: int = SHM_MIN_BYTES
     gpu_util_low_pct: float = 50.0
     gpu_util_high_pct: float = 80.0
     gpu_loaded_util_pct: float = faults.LOADED_UTILIZATION_PCT

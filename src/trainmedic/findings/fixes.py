@@ -45,6 +45,16 @@ MICRO_BATCH_FIX = (
 )
 """GPU memory short: automatic micro-batching and the batch-size finder."""
 
+CUDA_OOM_FIX = (
+    "Need less memory per step: a smaller micro-batch with gradient accumulation (same "
+    "effective batch; after an out-of-memory restart trainmedic sets "
+    "TRAINMEDIC_MICRO_BATCH_DIVISOR: read it with trainmedic.micro_batch_plan(batch_size)), "
+    'bf16 autocast (torch.autocast("cuda", dtype=torch.bfloat16)), activation checkpointing '
+    "(torch.utils.checkpoint); when memory reserved but unallocated is large (fragmentation) "
+    "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. " + MICRO_BATCH_FIX
+)
+"""A GPU out of memory in torch: the run diagnosis's and the failure classifier's words."""
+
 MIXED_PRECISION_CHECK_FIX = (
     "Measure it on your model first: trainmedic.check_mixed_precision(model, batch, loss_fn) "
     "compares bf16/fp16 autocast with float32 (speed, memory, loss); "

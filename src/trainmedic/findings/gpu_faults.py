@@ -130,8 +130,8 @@ def unreachable_finding(s: GpuSample, severity: Severity, when: str) -> Finding:
         title=f"GPU {s.index} stopped answering the driver {when} ({s.unreachable})",
         evidence=evidence,
         fix=(
-            "Check the kernel log for the Xid that explains it (sudo dmesg | grep -i xid: 79 "
-            "is fallen off the bus, 48/64/95 memory errors, 119/120 GSP). Drain the node, then "
+            "Check the kernel log for the Xid that explains it (sudo dmesg | grep -i xid): "
+            f"{faults.lost_gpu_xid_hint()}. Drain the node, then "
             f"reset the GPU (sudo nvidia-smi -r -i {s.index}) or reboot; if it recurs, reseat "
             "or replace it. Until then keep work off it (CUDA_VISIBLE_DEVICES without it)."
         ),

@@ -26,6 +26,7 @@ Levels are finding severities as plain strings (``"error"``, ``"warning"``,
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -170,6 +171,24 @@ _MEANINGS = {
 for _code in range(144, 151):
     _MEANINGS[_code] = "NVLink error"
 
+LOST_GPU_XIDS: tuple[tuple[int, ...], ...] = ((79,), (48, 64, 95), (119, 120))
+"""Xids that explain a GPU that stopped answering: off the bus, memory errors, GSP."""
+
+
+def xid_meaning(code: int) -> str:
+    """What Xid ``code`` means, shortened from NVIDIA's catalogue."""
+    return _MEANINGS.get(code, "see NVIDIA's Xid catalogue")
+
+
+def lost_gpu_xid_hint() -> str:
+    """The Xids to look for when a GPU stopped answering, for a fix's text:
+    ``79 (GPU has fallen off the bus); 48/64/95 (double-bit ECC error, ...)``."""
+    return "; ".join(
+        "/".join(map(str, codes)) + " (" + ", ".join(xid_meaning(c) for c in codes) + ")"
+        for codes in LOST_GPU_XIDS
+    )
+
+
 HARDWARE_RESTART_CODES = frozenset({94})
 """RESTART_APP codes that point at the GPU's memory rather than the program: the
 job failed because of the hardware, yet the GPU stays usable."""
@@ -269,7 +288,7 @@ def xid_verdict(code: int, detail: str = "") -> XidVerdict:
     else:
         action = BUCKET_ACTION[bucket]
     hardware = action in (XidAction.RESET_GPU, XidAction.DRAIN_NODE)
-    meaning = _MEANINGS.get(code, "see NVIDIA's Xid catalogue")
+    meaning = xid_meaning(code)
     fix = _FIX_HARDWARE_RESTART if code in HARDWARE_RESTART_CODES else _FIX[action]
     return XidVerdict(code, action, hardware, _LEVEL[action], meaning, fix)
 
@@ -308,6 +327,56 @@ _PID_RE = re.compile(r"\bpid=(\d+)")
 _NAME_RE = re.compile(r"\bname=([^,\s]+)")
 #: the line the driver logs before a GPU's first Xid: "NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>"
 GPU_AT_RE = re.compile(r"NVRM: GPU at (?:PCI:)?([0-9a-fA-F:.]+): (GPU-[0-9a-fA-F-]+)")
+
+
+_XID_IN_TEXT_RE = re.compile(r"\bxid\b(?:\s*\([^)]*\))?\s*:?\s*(\d+)", re.IGNORECASE)
+"""An Xid named in text that is not a kernel line: ``Xid 79``, ``xid: 79``."""
+
+
+def xid_in_text(text: str) -> int | None:
+    """The Xid code named in ``text`` (a kernel line or free text), or ``None``."""
+    m = _XID_IN_TEXT_RE.search(text)
+    return int(m[1]) if m else None
+
+
+def xid_from_report(message: str, data: Mapping[str, Any]) -> XidEvent | None:
+    """An Xid reported as data (an ``xid`` run event: the Xid watch's, from NVML or the
+    kernel log): its kernel line when ``message`` is one, else the code and the GPU in
+    ``data`` (``xid``, ``pci_bus_id``, ``gpu_instance``, ``pid``, ``detail``), else an
+    Xid named in ``message`` (``Xid 79``). ``None`` when it names none."""
+    parsed = parse_xid_line(message)
+    code = _data_int(data, "xid", "code")
+    if parsed is not None and (code is None or code == parsed.code):
+        return parsed
+    if code is None:
+        code = xid_in_text(message)
+        if code is None:
+            return None
+    bus = data.get("pci_bus_id")
+    return XidEvent(
+        code=code,
+        pci_bus_id=normalize_pci_bus_id(bus) if isinstance(bus, str) and bus else None,
+        gpu_instance=_data_int(data, "gpu_instance"),
+        pid=_data_int(data, "pid"),
+        process=None,
+        detail=str(data.get("detail") or ""),
+        line=message,
+    )
+
+
+def xid_report_gpu(data: Mapping[str, Any]) -> int | None:
+    """The GPU index of an Xid reported as data (``gpu``), when it names one."""
+    return _data_int(data, "gpu", "index")
+
+
+def _data_int(data: Mapping[str, Any], *keys: str) -> int | None:
+    for k in keys:
+        v = data.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+    return None
 
 
 def parse_xid_line(line: str) -> XidEvent | None:
@@ -497,8 +566,10 @@ for _i, _p in enumerate("KMGTP", start=1):
 CUDA_OOM_RE = re.compile(
     r"(?:torch\.(?:cuda\.)?)?OutOfMemoryError|CUDA out of memory|CUDA error: out of memory"
     r"|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|HIP out of memory"
+    r"|CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)|MPS backend out of memory"
 )
-"""A line that says a GPU ran out of memory (torch's error, CUDA's, cuBLAS's, NCCL's)."""
+"""A line that says a GPU ran out of memory (torch's error, CUDA's, cuBLAS's, cuDNN's,
+NCCL's): the failure classifier's and the in-job remedies' one test."""
 _OOM_NEW_RE = re.compile(
     rf"Tried to allocate {_SIZE}\. GPU (\d+) has a total capacity of {_SIZE} "
     rf"of which {_SIZE} is free"

@@ -87,6 +87,12 @@ class MemoryFacts:
     swap_out_bytes_per_s: float | None = None
 
 
+SHM_MIN_BYTES = 1 << 30
+"""A /dev/shm below 1 GiB is too small for DataLoader workers: Docker's and Kubernetes'
+default is 64 MiB, which a few workers passing image batches fill at once. doctor's
+check and the run diagnosis share it."""
+
+
 @dataclass(frozen=True)
 class ShmFacts:
     """The shared-memory filesystem DataLoader workers pass batches through.

@@ -69,22 +69,16 @@ from trainmedic.host.threadstate import (
 )
 from trainmedic.probe.frames import FrameInfo
 from trainmedic.probe.stacks import classify
+from trainmedic.record.sample_states import (
+    IN_FLIGHT,
+    PEER_PREFIX,
+    PROCESS_PREFIX,
+    SERVER_PREFIX,
+    SERVER_RUNNING,
+    THREAD_PREFIX,
+)
 
-HELPER_STATES = ("socket", "file", "python", "cpu", "idle", "poll", "wait")
-WAITS = "waits"
-"""Key of the count of training-thread samples that waited on others."""
-IN_FLIGHT = "in_flight"
-"""Key of the requests in flight summed over the observations waiting on I/O."""
 IO_STATES = ("socket", "file")
-THREAD_PREFIX = "thread:"
-PROCESS_PREFIX = "process:"
-SERVER_PREFIX = "server:"
-"""Key prefix of the observations of a server at the far end of a helper's socket, by
-:data:`trainmedic.host.peers.ACTIVITIES`."""
-SERVER_RUNNING = "server_running"
-"""Key of the servers' threads seen on a CPU, summed over their observations (cores)."""
-PEER_PREFIX = "peer:"
-"""Key prefix naming a server: ``peer:<pid> <command line>``, its observations."""
 MAX_SERVERS = 2
 """Servers looked at per sample."""
 MAX_LOOP_FDS = 16

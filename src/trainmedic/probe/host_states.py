@@ -33,12 +33,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from trainmedic.probe import frame_tables as tables
 from trainmedic.probe.frames import FrameInfo, is_library
-
-DATA_STATES = ("transform", "file_read", "socket_wait", "ipc_wait")
-"""States of time outside the step that prepare data."""
-OUTSIDE_STATES = ("sleep", "log", "sync", "file_write", "python")
-"""States of time outside the step that do not (``other`` besides)."""
 
 _LOG_PATHS = (
     "/logging/",
@@ -110,42 +106,19 @@ _WRITE_CALLS = frozenset(
 )  # fmt: skip
 _LOG_CALLS = frozenset({"print", "pprint", "log", "info", "debug", "warning", "add_scalar"})
 _CONSOLE_NAMES = frozenset({"sys", "stdout", "stderr", "logger", "logging", "log", "writer"})
-_READ_CALLS = frozenset(
-    {"read", "readinto", "readline", "readlines", "read_bytes", "read_text", "pread",
-     "fromfile", "loadtxt", "genfromtxt", "memmap", "imread", "load", "load_file"}
-)  # fmt: skip
-_SOCKET_CALLS = frozenset(
-    {"recv", "recv_into", "recvfrom", "send", "sendall", "connect", "create_connection",
-     "getaddrinfo", "urlopen", "urlretrieve", "getresponse", "get", "post"}
-)  # fmt: skip
-_SOCKET_NAMES = frozenset(
-    {"socket", "requests", "urllib", "urllib3", "http", "httpx", "boto3", "botocore", "ssl",
-     "session", "client", "s3"}
-)  # fmt: skip
+_READ_CALLS = tables.READ_CALLS
+_SOCKET_CALLS = tables.SOCKET_CALLS | {"get", "post"}  # with a client's name
+_SOCKET_NAMES = tables.SOCKET_NAMES | {"session", "client", "s3"}
 _TENSOR_CALLS = frozenset(
     {"tensor", "as_tensor", "from_numpy", "stack", "cat", "randn", "rand", "randint", "randperm",
      "normal", "zeros", "ones", "empty", "full", "arange", "linspace", "frombuffer",
      "pin_memory", "to", "cuda", "contiguous"}
 )  # fmt: skip
-_SOCKET_PATHS = (
-    "/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py", "/urllib3/",
-    "/requests/", "/httpx/", "/httpcore/", "/aiohttp/", "/botocore/", "/boto3/",
-    "/s3transfer/", "/s3fs/", "/gcsfs/", "/google/cloud/storage/", "/azure/storage/",
-    "/fsspec/implementations/http", "/grpc/",
-)  # fmt: skip
-_READ_PATHS = (
-    "/numpy/lib/format.py", "/numpy/lib/_format_impl.py", "/numpy/lib/npyio.py",
-    "/numpy/lib/_npyio_impl.py", "/h5py/", "/pyarrow/", "/safetensors/",
-    "/torch/serialization.py", "/zipfile", "/tarfile.py", "/gzip.py", "/_compression.py",
-    "/lmdb/", "/glob.py",
-)  # fmt: skip
-_IPC_PATHS = (
-    "/multiprocessing/queues.py",
-    "/multiprocessing/connection.py",
-    "/queue.py",
-    "/concurrent/futures/",
-)
-_DELEGATING = ("/selectors.py", "/threading.py", "/subprocess.py")
+_SOCKET_PATHS = tables.SOCKET_PATHS
+# Outside the data wait, copying files is writing them (``_WRITE_FUNCTIONS``).
+_READ_PATHS = tuple(p for p in tables.FILE_PATHS if p != "/shutil.py")
+_IPC_PATHS = tables.IPC_QUEUE_PATHS
+_DELEGATING = tables.DELEGATING_PATHS
 # Where a wait on another thread or process shows: the libraries that hand work over,
 # and the primitives of threading a loop waits on directly.
 _HANDOFF_PATHS = ("/concurrent/futures/", "/queue.py", "/multiprocessing/", "/asyncio/")

@@ -28,10 +28,12 @@ from collections import Counter
 from collections.abc import Sequence
 from types import FrameType
 
+from trainmedic.probe import frame_tables as tables
 from trainmedic.probe.frames import CACHE_MAX, FrameInfo, callee_names, is_library
+from trainmedic.record.sample_states import WAIT_STATES, WAITS
 from trainmedic.record.types import LoaderActivity
 
-STATES = ("transform", "file_read", "socket_wait", "ipc_wait", "idle", "other")
+STATES = WAIT_STATES
 FLUSH_S = 2.0
 """Seconds between two aggregates sent."""
 MAX_FRAMES = 24
@@ -41,58 +43,11 @@ TOP_FRAMES = 8
 
 # --- what a file path says -------------------------------------------------------------
 
-_SOCKET_PATHS = (
-    "/socket.py",
-    "/ssl.py",
-    "/http/client.py",
-    "/urllib/request.py",
-    "/urllib3/",
-    "/requests/",
-    "/httpx/",
-    "/httpcore/",
-    "/aiohttp/",
-    "/botocore/",
-    "/boto3/",
-    "/s3transfer/",
-    "/s3fs/",
-    "/gcsfs/",
-    "/google/cloud/storage/",
-    "/azure/storage/",
-    "/fsspec/implementations/http",
-    "/smart_open/",
-    "/grpc/",
-    "/paramiko/",
-    "/ftplib.py",
-    "/websocket/",
-)
-_FILE_PATHS = (
-    "/numpy/lib/npyio.py",
-    "/numpy/lib/_npyio_impl.py",
-    "/numpy/lib/format.py",
-    "/numpy/lib/_format_impl.py",
-    "/numpy/core/memmap.py",
-    "/numpy/_core/memmap.py",
-    "/h5py/",
-    "/pyarrow/parquet/",
-    "/safetensors/",
-    "/torch/serialization.py",
-    "/imageio/",
-    "/tifffile/",
-    "/soundfile.py",
-    "/librosa/core/audio.py",
-    "/zipfile.py",
-    "/zipfile/",
-    "/tarfile.py",
-    "/gzip.py",
-    "/bz2.py",
-    "/lzma.py",
-    "/_compression.py",
-    "/shutil.py",
-    "/glob.py",
-    "/genericpath.py",
-    "/_pyio.py",
-    "/lmdb/",
-)
+_SOCKET_PATHS = tables.SOCKET_PATHS
+_FILE_PATHS = tables.FILE_PATHS
+_IPC_PATHS = tables.IPC_PATHS
+_DELEGATING_PATHS = tables.DELEGATING_PATHS
+
 # (path part, functions) pairs: only these functions of the file read files.
 _FILE_FUNCTIONS = (
     ("/PIL/Image.py", frozenset({"open", "_open_core"})),
@@ -101,79 +56,15 @@ _FILE_FUNCTIONS = (
     ("/pathlib/", frozenset({"open", "read_bytes", "read_text", "stat", "exists", "iterdir"})),
     ("/os.py", frozenset({"walk", "fwalk", "_walk"})),
 )
-_IPC_PATHS = (
-    "/multiprocessing/queues.py",
-    "/multiprocessing/connection.py",
-    "/multiprocessing/synchronize.py",
-    "/multiprocessing/managers.py",
-    "/multiprocessing/reduction.py",
-    "/multiprocessing/resource_sharer.py",
-    "/torch/multiprocessing/reductions.py",
-    "/queue.py",
-    "/concurrent/futures/",
-)
-# Frames that only wait on behalf of a caller: the caller decides.
-_DELEGATING_PATHS = ("/selectors.py", "/threading.py", "/subprocess.py")
 _PIN_PATH = "/torch/utils/data/_utils/pin_memory.py"
 _WORKER_LOOP = "/torch/utils/data/_utils/worker.py"
 
 # --- what a C call made from Python says ------------------------------------------------
 
-_FILE_CALLS = frozenset(
-    {
-        "open",
-        "read",
-        "readinto",
-        "readline",
-        "readlines",
-        "read_bytes",
-        "read_text",
-        "pread",
-        "preadv",
-        "readv",
-        "fromfile",
-        "loadtxt",
-        "genfromtxt",
-        "memmap",
-        "imread",
-        "load",
-        "load_file",
-        "listdir",
-        "scandir",
-        "stat",
-        "lstat",
-        "fstat",
-        "exists",
-        "isfile",
-        "isdir",
-        "getsize",
-        "sendfile",
-    }
-)
-_SOCKET_CALLS = frozenset(
-    {
-        "recv",
-        "recv_into",
-        "recvfrom",
-        "recvfrom_into",
-        "recvmsg",
-        "send",
-        "sendall",
-        "sendto",
-        "connect",
-        "connect_ex",
-        "create_connection",
-        "getaddrinfo",
-        "gethostbyname",
-        "urlopen",
-        "urlretrieve",
-        "getresponse",
-        "accept",
-    }
-)
-_SOCKET_NAMES = frozenset(
-    {"socket", "requests", "urllib", "urllib3", "http", "httpx", "boto3", "botocore", "ssl"}
-)
+_FILE_CALLS = tables.FILE_CALLS
+_SOCKET_CALLS = tables.SOCKET_CALLS
+_SOCKET_NAMES = tables.SOCKET_NAMES
+
 _IPC_CALLS = frozenset({"recv_bytes", "recv_bytes_into", "poll"})
 _OTHER_CALLS = frozenset(
     {"sleep", "item", "tolist", "cpu", "numpy", "synchronize", "wait_stream", "pin_memory"}
@@ -348,8 +239,6 @@ class ActivityAggregate:
 
     def add_handoff(self, observations: Counter[str], keys: Counter[str]) -> None:
         """Count one moment the training thread waited on others, and what they did."""
-        from trainmedic.probe.handoff import WAITS
-
         self.handoff[WAITS] += 1
         self.handoff.update(observations)
         self.helper_frames.update(keys)

@@ -3,23 +3,18 @@
 torch raises ``torch.cuda.OutOfMemoryError`` (a ``RuntimeError``) for CUDA and
 a plain ``RuntimeError`` naming ``DefaultCPUAllocator`` for host memory (as
 under an address-space limit); a ``MemoryError`` comes from Python itself.
-The patterns are those of the failure classifier
-(:mod:`trainmedic.resilience.classify`), so both call the same thing OOM.
+The patterns are the failure classifier's (GPU: :mod:`trainmedic.gpu.faults`,
+host: :mod:`trainmedic.resilience.classify.patterns`), so both call the same
+thing OOM.
 """
 
 from __future__ import annotations
 
 import gc
-import re
 import sys
 from typing import Any
 
-_OOM_TEXT = re.compile(
-    r"CUDA out of memory|out of memory|DefaultCPUAllocator: can't allocate memory"
-    r"|CUBLAS_STATUS_ALLOC_FAILED|cuDNN error: CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)"
-    r"|HIP out of memory|MPS backend out of memory",
-    re.IGNORECASE,
-)
+from trainmedic.gpu import faults
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -30,7 +25,14 @@ def is_oom(exc: BaseException) -> bool:
     oom_type: Any = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
     if oom_type is not None and isinstance(exc, oom_type):
         return True
-    return isinstance(exc, RuntimeError) and bool(_OOM_TEXT.search(str(exc)))
+    if not isinstance(exc, RuntimeError):
+        return False
+    # Imported here: the classifier's package is the supervisor's, loaded in the job
+    # only when an error has to be judged.
+    from trainmedic.resilience.classify import patterns
+
+    text = str(exc)
+    return faults.is_cuda_oom(text) or patterns.HOST_ALLOC_RE.search(text) is not None
 
 
 def free_memory() -> None:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainmedic.resilience.classify import Classification, FailureClass
+from trainmedic.resilience.classify.catalogue import CLASSES
 from trainmedic.resilience.remedies import Remedy, apply_remedies, plan_remedies
 from trainmedic.resilience.restart_state import PROGRESS_MIN_S, AttemptRecord, RestartState
 from trainmedic.resilience.retries import (
@@ -100,13 +101,9 @@ __all__ = [
 
 DEFAULT_MAX_RESTARTS = 3
 """Consecutive failures without progress given a restart (``--max-restarts``)."""
-NOT_RETRIED_BY_DEFAULT = (
-    FailureClass.USER_EXCEPTION,
-    FailureClass.BAD_COMMAND,
-    FailureClass.PREEMPTED,
-)
+NOT_RETRIED_BY_DEFAULT = tuple(fc for fc, info in CLASSES.items() if not info.retried)
 """A bug fails the same way again; a bad command never runs; a job stopped from
-outside was stopped on purpose."""
+outside was stopped on purpose (:data:`~trainmedic.resilience.classify.catalogue.CLASSES`)."""
 
 
 @dataclass(frozen=True)

@@ -386,11 +386,8 @@ class AttemptLoop:
             hang_declared=attempt.hang is not None,
             hang_location=attempt.hang.location if attempt.hang is not None else None,
             **hang_evidence(attempt),
-            kernel_log=evidence.kernel_log_with_xids(
-                attempt.started_mono, self.watchdog.xid_lines(attempt.started_wall)
-            )
-            if failed
-            else (),
+            kernel_log=evidence.read_kernel_log(attempt.started_mono) if failed else (),
+            xids=self.watchdog.xid_events(attempt.started_wall) if failed else (),
             terminated_by_supervisor=attempt.stopped_by_us,
             job_pids=obs.pids,
             num_workers=obs.num_workers,

@@ -128,16 +128,6 @@ def read_kernel_log(since_monotonic: float, kmsg: str = "/dev/kmsg") -> tuple[st
     return relevant_kernel_lines(records, since_monotonic)
 
 
-def kernel_log_with_xids(
-    since_monotonic: float, xid_lines: Iterable[str], kmsg: str = "/dev/kmsg"
-) -> tuple[str, ...]:
-    """:func:`read_kernel_log`, plus the Xid lines NVML reported (``xid_lines``)
-    that the kernel log does not hold: it usually needs root, NVML does not."""
-    lines = read_kernel_log(since_monotonic, kmsg)
-    seen = set(lines)
-    return (*lines, *(x for x in xid_lines if x not in seen))
-
-
 def relevant_kernel_lines(records: Iterable[str], since_monotonic: float) -> tuple[str, ...]:
     """The Xid and OOM-killer messages among ``/dev/kmsg`` records
     (``"<prio>,<seq>,<usec>,<flags>;<message>"``) logged at or after ``since_monotonic``."""

@@ -14,7 +14,9 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from trainmedic.gpu.types import ClockEventReason, GpuSample
+from trainmedic.diagnose.thresholds import Thresholds
+from trainmedic.gpu import faults
+from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
 from trainmedic.supervise.processes import IgnoringSink
 
@@ -26,18 +28,15 @@ DATA_WAIT_WARN_SHARE = 0.5
 STRAGGLER_GAP_SHARE = 0.3
 """A rank whose data wait exceeds the others' median by this share of step time."""
 GPU_WINDOW_S = 30.0
-GPU_LOW_UTIL_PCT = 40.0
+GPU_LOW_UTIL_PCT = Thresholds().gpu_util_low_pct
+"""The report's bar for a GPU left idle: the live view warns of what the report will say."""
 GPU_MIN_SAMPLES = 10
 GPU_MEMORY_FULL = 0.95
-TEMP_MARGIN_C = 3.0
+TEMP_MARGIN_C = faults.NEAR_SLOWDOWN_MARGIN_C
 MAX_WARNINGS = 4
 GIB = 1024**3
-_THERMAL = (
-    ClockEventReason.HW_SLOWDOWN
-    | ClockEventReason.SW_THERMAL_SLOWDOWN
-    | ClockEventReason.HW_THERMAL_SLOWDOWN
-    | ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
-)
+_THERMAL = faults.HARD_MASK
+"""Heat and power slowdowns: the clock reasons that count whenever the GPU works."""
 
 
 @dataclass(frozen=True)

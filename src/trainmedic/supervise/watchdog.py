@@ -40,6 +40,7 @@ from typing import Any
 
 import psutil
 
+from trainmedic.gpu.faults import XidEvent, xid_from_report
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record import codec
 from trainmedic.record.types import (
@@ -53,7 +54,6 @@ from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerd
 from trainmedic.supervise.forensics import JobProcess
 from trainmedic.supervise.liveness import SilenceObserver
 from trainmedic.supervise.processes import IgnoringSink, ProcessState, ProcessTable
-from trainmedic.supervise.xid_watch import xid_line
 
 SILENCE_MIN_S = 0.5
 """No step (or phase mark) for this long, in seconds, is a silence worth evidence."""
@@ -121,7 +121,7 @@ class Watchdog(IgnoringSink):
         self._clock = clock
         self._wall = wall
         self._lock = threading.RLock()
-        self._xids: deque[tuple[float, str]] = deque(maxlen=MAX_XIDS)
+        self._xids: deque[tuple[float, XidEvent]] = deque(maxlen=MAX_XIDS)
         self.gpu_last: dict[int, GpuSample] = {}
         self.observer = observer or SilenceObserver(
             tree, self._attempt_processes, lambda: dict(self.gpu_last), clock=clock, wall=wall
@@ -236,8 +236,10 @@ class Watchdog(IgnoringSink):
 
     def add_event(self, event: RunEvent) -> None:
         if event.kind == "xid":
-            with self._lock:
-                self._xids.append((event.t, xid_line(event)))
+            xid = xid_from_report(event.message, event.data)
+            if xid is not None:
+                with self._lock:
+                    self._xids.append((event.t, xid))
             return
         if event.kind != RESUMED_EVENT:
             return
@@ -351,13 +353,12 @@ class Watchdog(IgnoringSink):
                 torch_version=torch,
             )
 
-    def xid_lines(self, since_wall: float) -> tuple[str, ...]:
-        """Kernel-log style lines of the Xid events recorded since ``since_wall``
-        (Unix s), kept across attempts: NVML reports an Xid to any user where
-        the kernel log itself is unreadable, and its event may arrive after the
-        attempt it ended."""
+    def xid_events(self, since_wall: float) -> tuple[XidEvent, ...]:
+        """The Xids recorded since ``since_wall`` (Unix s), kept across attempts: NVML
+        reports an Xid to any user where the kernel log itself is unreadable, and its
+        event may arrive after the attempt it ended."""
         with self._lock:
-            return tuple(line for t, line in self._xids if t >= since_wall - 1.0)
+            return tuple(x for t, x in self._xids if t >= since_wall - 1.0)
 
     def last_steps(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -179,18 +179,3 @@ class XidWatcher:
             self._kmsg.close()
         if self._watch is not None:
             self._watch.close()
-
-
-def xid_line(event: RunEvent) -> str:
-    """An ``xid`` run event as the driver's kernel-log line, for the classifier:
-    the line itself when it came from the kernel log, else one made from the
-    NVML event's code and GPU."""
-    if "NVRM: Xid" in event.message:
-        return event.message
-    data = event.data
-    where = f"PCI:{data['pci_bus_id']}" if data.get("pci_bus_id") else f"GPU {data.get('gpu', '?')}"
-    instance = data.get("gpu_instance")
-    if isinstance(instance, int):
-        where += f" GPU-I:{instance:02d}"
-    detail = data.get("detail") or "reported by NVML"
-    return f"NVRM: Xid ({where}): {data.get('xid')}, {detail}"

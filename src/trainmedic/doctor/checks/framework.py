@@ -10,17 +10,17 @@ machine has GPUs. Thresholds and reasoning: docs/doctor-checks.md, section
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.fixes import SHM_FIX
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.host.types import SHM_MIN_BYTES
 
 _MIB = float(1 << 20)
 
-SHM_MIN_BYTES = 1 << 30
-"""/dev/shm below 1 GiB: Docker's and Kubernetes' default is 64 MiB, which a few
-DataLoader workers passing image batches fill at once."""
 
 SHM_MIN_FREE_BYTES = 1 << 30
 """Free space below which a large /dev/shm is still too full to pass batches."""
@@ -132,105 +132,125 @@ def _enabled(value: str | None) -> bool:
     return text.lstrip("+-").isdigit() and int(text) != 0
 
 
-def check_launch_blocking(facts: MachineFacts) -> list[Finding]:
-    """CUDA_LAUNCH_BLOCKING=1 makes every kernel launch wait for the GPU."""
-    value = facts.host.env.get("CUDA_LAUNCH_BLOCKING")
-    if not facts.gpu.samples or not _enabled(value):
+@dataclass(frozen=True)
+class EnvSwitch:
+    """An environment variable that slows training when it is on: one row of the table.
+
+    Attributes:
+        var: the variable.
+        key: the finding id's suffix (``framework_config.env.<key>``).
+        on: whether a value turns it on.
+        min_gpus: GPUs the machine needs for it to matter.
+        evidence: extra evidence from the facts (the GPU count where it is the point).
+    """
+
+    var: str
+    key: str
+    on: Callable[[str], bool]
+    min_gpus: int
+    severity: Severity
+    title: str
+    detail: str
+    fix: str
+    count_gpus: bool = False
+
+
+ENV_SWITCHES: tuple[EnvSwitch, ...] = (
+    EnvSwitch(
+        "CUDA_LAUNCH_BLOCKING",
+        "cuda_launch_blocking",
+        _enabled,
+        1,
+        Severity.WARNING,
+        "CUDA_LAUNCH_BLOCKING is on: every kernel launch waits for the GPU to finish",
+        "A debugging switch: the CPU can no longer queue work ahead of the GPU, so the "
+        "GPU idles between kernels while Python prepares the next one. Models of many "
+        "small kernels slow down several times.",
+        "unset CUDA_LAUNCH_BLOCKING (keep it for debugging a CUDA error only).",
+    ),
+    EnvSwitch(
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+        "no_cuda_memory_caching",
+        lambda v: v.strip() != "0",
+        1,
+        Severity.WARNING,
+        "PYTORCH_NO_CUDA_MEMORY_CACHING is set: every tensor is a cudaMalloc/cudaFree",
+        "A debugging switch (for compute-sanitizer): without the cache each allocation "
+        "calls cudaMalloc and each free calls cudaFree, which synchronises the device; "
+        "training steps slow down many times. Older torch releases turn it on for any "
+        "value, newer ones for 1.",
+        "unset PYTORCH_NO_CUDA_MEMORY_CACHING.",
+    ),
+    EnvSwitch(
+        "TORCH_DISTRIBUTED_DEBUG",
+        "distributed_debug_detail",
+        lambda v: v.strip().upper() == "DETAIL",
+        0,
+        Severity.WARNING,
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective call at run time",
+        "DETAIL wraps process groups to verify that all ranks issue matching "
+        "collectives, an extra exchange per call, and logs runtime statistics; "
+        "PyTorch documents it as a debugging aid that costs performance.",
+        "unset TORCH_DISTRIBUTED_DEBUG (or set it to OFF) outside debugging sessions.",
+    ),
+    EnvSwitch(
+        "NCCL_P2P_DISABLE",
+        "nccl_p2p_disabled",
+        _enabled,
+        2,
+        Severity.INFO,
+        "NCCL_P2P_DISABLE is on: GPUs exchange data through host memory",
+        "Without peer-to-peer transfers over NVLink or PCIe, all-reduce goes through "
+        "host shared memory and is several times slower on NVLink machines. It is "
+        "often set on purpose to work around hangs where P2P is broken (some consumer "
+        "GPUs, VMs with an IOMMU).",
+        "Unless it works around a P2P hang here, unset NCCL_P2P_DISABLE; check what P2P "
+        "the GPUs support with `nvidia-smi topo -p2p r`.",
+        count_gpus=True,
+    ),
+)
+"""Debugging and workaround switches that cost speed, in the order doctor checks them."""
+
+
+def check_env_switch(switch: EnvSwitch, facts: MachineFacts) -> list[Finding]:
+    """The finding of ``switch`` when it is on and the machine has the GPUs it needs."""
+    value = facts.host.env.get(switch.var)
+    gpus = len(facts.gpu.samples)
+    if value is None or gpus < switch.min_gpus or not switch.on(value):
         return []
+    evidence: dict[str, Any] = {switch.var.lower(): value}
+    if switch.count_gpus:
+        evidence["gpu_count"] = gpus
     return [
         Finding(
-            id="framework_config.env.cuda_launch_blocking",
+            id=f"framework_config.env.{switch.key}",
             category=Category.FRAMEWORK_CONFIG,
-            severity=Severity.WARNING,
-            title="CUDA_LAUNCH_BLOCKING is on: every kernel launch waits for the GPU to finish",
-            evidence={"cuda_launch_blocking": value},
-            detail=(
-                "A debugging switch: the CPU can no longer queue work ahead of the GPU, so the "
-                "GPU idles between kernels while Python prepares the next one. Models of many "
-                "small kernels slow down several times."
-            ),
-            fix="unset CUDA_LAUNCH_BLOCKING (keep it for debugging a CUDA error only).",
+            severity=switch.severity,
+            title=switch.title,
+            evidence=evidence,
+            detail=switch.detail,
+            fix=switch.fix,
             impact=None,
             subject="host",
         )
     ]
 
 
-def check_no_memory_caching(facts: MachineFacts) -> list[Finding]:
-    """PYTORCH_NO_CUDA_MEMORY_CACHING turns off torch's caching allocator."""
-    value = facts.host.env.get("PYTORCH_NO_CUDA_MEMORY_CACHING")
-    if not facts.gpu.samples or value is None or value.strip() == "0":
-        return []
-    return [
-        Finding(
-            id="framework_config.env.no_cuda_memory_caching",
-            category=Category.FRAMEWORK_CONFIG,
-            severity=Severity.WARNING,
-            title="PYTORCH_NO_CUDA_MEMORY_CACHING is set: every tensor is a cudaMalloc/cudaFree",
-            evidence={"pytorch_no_cuda_memory_caching": value},
-            detail=(
-                "A debugging switch (for compute-sanitizer): without the cache each allocation "
-                "calls cudaMalloc and each free calls cudaFree, which synchronises the device; "
-                "training steps slow down many times. Older torch releases turn it on for any "
-                "value, newer ones for 1."
-            ),
-            fix="unset PYTORCH_NO_CUDA_MEMORY_CACHING.",
-            impact=None,
-            subject="host",
-        )
-    ]
+def _switch(var: str) -> Callable[[MachineFacts], list[Finding]]:
+    row = next(s for s in ENV_SWITCHES if s.var == var)
+
+    def check(facts: MachineFacts) -> list[Finding]:
+        return check_env_switch(row, facts)
+
+    check.__name__ = f"check_{row.key}"
+    check.__doc__ = row.title
+    return check
 
 
-def check_distributed_debug(facts: MachineFacts) -> list[Finding]:
-    """TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective at run time."""
-    value = facts.host.env.get("TORCH_DISTRIBUTED_DEBUG")
-    if value is None or value.strip().upper() != "DETAIL":
-        return []
-    return [
-        Finding(
-            id="framework_config.env.distributed_debug_detail",
-            category=Category.FRAMEWORK_CONFIG,
-            severity=Severity.WARNING,
-            title="TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective call at run time",
-            evidence={"torch_distributed_debug": value},
-            detail=(
-                "DETAIL wraps process groups to verify that all ranks issue matching "
-                "collectives, an extra exchange per call, and logs runtime statistics; "
-                "PyTorch documents it as a debugging aid that costs performance."
-            ),
-            fix="unset TORCH_DISTRIBUTED_DEBUG (or set it to OFF) outside debugging sessions.",
-            impact=None,
-            subject="host",
-        )
-    ]
-
-
-def check_nccl_p2p(facts: MachineFacts) -> list[Finding]:
-    """NCCL_P2P_DISABLE on a multi-GPU machine routes GPU-to-GPU traffic through host memory."""
-    value = facts.host.env.get("NCCL_P2P_DISABLE")
-    if len(facts.gpu.samples) < 2 or not _enabled(value):
-        return []
-    return [
-        Finding(
-            id="framework_config.env.nccl_p2p_disabled",
-            category=Category.FRAMEWORK_CONFIG,
-            severity=Severity.INFO,
-            title="NCCL_P2P_DISABLE is on: GPUs exchange data through host memory",
-            evidence={"nccl_p2p_disable": value, "gpu_count": len(facts.gpu.samples)},
-            detail=(
-                "Without peer-to-peer transfers over NVLink or PCIe, all-reduce goes through "
-                "host shared memory and is several times slower on NVLink machines. It is "
-                "often set on purpose to work around hangs where P2P is broken (some consumer "
-                "GPUs, VMs with an IOMMU)."
-            ),
-            fix=(
-                "Unless it works around a P2P hang here, unset NCCL_P2P_DISABLE; check what P2P "
-                "the GPUs support with `nvidia-smi topo -p2p r`."
-            ),
-            impact=None,
-            subject="host",
-        )
-    ]
+check_launch_blocking = _switch("CUDA_LAUNCH_BLOCKING")
+check_no_memory_caching = _switch("PYTORCH_NO_CUDA_MEMORY_CACHING")
+check_distributed_debug = _switch("TORCH_DISTRIBUTED_DEBUG")
+check_nccl_p2p = _switch("NCCL_P2P_DISABLE")
 
 
 @dataclass(frozen=True)

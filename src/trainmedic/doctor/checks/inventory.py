@@ -101,7 +101,7 @@ def check_driver_presence(facts: MachineFacts) -> list[Finding]:
                 "backend": facts.gpu.backend,
             },
             fix=(
-                "Run nvidia-smi and check dmesg for Xid 79 ('GPU has fallen off the bus'): "
+                f"Run nvidia-smi and check dmesg for Xid 79 ({faults.xid_meaning(79)}): "
                 "then the GPU needs a reboot or reseat; inside a container, check it was "
                 "started with GPU access (docker run --gpus all) and that "
                 "NVIDIA_VISIBLE_DEVICES is not 'none' or 'void'."

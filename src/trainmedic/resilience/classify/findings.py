@@ -4,88 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmedic.findings.fixes import MICRO_BATCH_FIX, RESILIENT_DATA_FIX, SHM_FIX_WITH_WORKERS
+from trainmedic.findings.fixes import SHM_FIX_WITH_WORKERS
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu import faults
+from trainmedic.resilience.classify.catalogue import CLASSES
 from trainmedic.resilience.classify.model import Classification, FailureClass
 
-FIXES: dict[FailureClass, str] = {
-    FailureClass.HANG: (
-        "Read the main thread's stack in the hang report: a collective that one rank never "
-        "reached, a DataLoader worker blocked on a lock, or a deadlock between threads are the "
-        "usual causes. If a step or an unmarked evaluation really takes that long, pass "
-        "--timeout SECONDS."
-    ),
-    FailureClass.CUDA_OOM: (
-        "Lower the micro-batch and accumulate gradients to keep the effective batch "
-        "(trainmedic sets TRAINMEDIC_MICRO_BATCH_DIVISOR; read it with "
-        "trainmedic.micro_batch_plan(batch_size)); use bf16 autocast; set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True when memory reserved but unallocated "
-        "is large. " + MICRO_BATCH_FIX
-    ),
-    FailureClass.HOST_ALLOC_FAILURE: (
-        "Host memory ran short: lower DataLoader num_workers and prefetch_factor (each worker "
-        "holds a copy of the dataset object), memory-map data instead of loading it into RAM, "
-        "or run where more memory is available."
-    ),
-    FailureClass.HOST_OOM_KILL: (
-        "The kernel OOM killer ended the job: raise the memory limit of the container or job, "
-        "lower DataLoader num_workers and prefetch_factor, and memory-map large datasets."
-    ),
-    FailureClass.CUDA_ERROR: (
-        "Rerun with CUDA_LAUNCH_BLOCKING=1 to find the failing kernel; check custom CUDA "
-        "extensions and the torch build against the driver (trainmedic doctor)."
-    ),
-    FailureClass.COLLECTIVE_TIMEOUT: (
-        "Find the rank that did not reach the collective (its stack differs from the others'): "
-        "uneven batches across ranks (use DistributedSampler with drop_last=True), one rank "
-        "loading data much slower, or a rank that crashed first. Raise "
-        "init_process_group(timeout=...) only if the operation is legitimately slow; "
-        "NCCL_DEBUG=WARN logs NCCL's view."
-    ),
-    FailureClass.DATALOADER_WORKER_DIED: (
-        "Reproduce with num_workers=0 to see the dataset's own error. " + RESILIENT_DATA_FIX
-    ),
-    FailureClass.SEGFAULT: (
-        "Run with PYTHONFAULTHANDLER=1 to get the Python stack at the crash; suspect native "
-        "extensions and mismatched builds (trainmedic doctor)."
-    ),
-    FailureClass.ABORT: (
-        "The line after 'terminate called' names the C++ exception; run with "
-        "PYTHONFAULTHANDLER=1 for the Python stack."
-    ),
-    FailureClass.USER_EXCEPTION: (
-        "Fix the exception at the location shown; trainmedic does not restart a bug, "
-        "because it would fail the same way again."
-    ),
-    FailureClass.BAD_COMMAND: "Check the command line: the program, its path and its arguments.",
-    FailureClass.PREEMPTED: (
-        "The job was stopped from outside; run it again with trainmedic run to resume "
-        "from the last checkpoint."
-    ),
-    FailureClass.SUCCESS: "",
-    FailureClass.UNKNOWN: (
-        "Look at the job's full log; run with PYTHONFAULTHANDLER=1 and check the kernel log "
-        "(dmesg) for OOM kills."
-    ),
-}
-
-TITLES: dict[FailureClass, str] = {
-    FailureClass.HANG: "The job hung",
-    FailureClass.CUDA_OOM: "The job ran out of GPU memory",
-    FailureClass.HOST_ALLOC_FAILURE: "A host memory allocation failed",
-    FailureClass.HOST_OOM_KILL: "The host OOM killer killed the job",
-    FailureClass.CUDA_ERROR: "A CUDA error ended the job",
-    FailureClass.COLLECTIVE_TIMEOUT: "A collective operation timed out",
-    FailureClass.DATALOADER_WORKER_DIED: "A DataLoader worker died",
-    FailureClass.SEGFAULT: "The job crashed in native code",
-    FailureClass.ABORT: "The job aborted",
-    FailureClass.USER_EXCEPTION: "The job raised an exception",
-    FailureClass.BAD_COMMAND: "The command could not run",
-    FailureClass.PREEMPTED: "The job was stopped from outside",
-    FailureClass.SUCCESS: "The job finished",
-    FailureClass.UNKNOWN: "The job failed for an unknown reason",
-}
+FIXES: dict[FailureClass, str] = {fc: info.fix for fc, info in CLASSES.items()}
+TITLES: dict[FailureClass, str] = {fc: info.title for fc, info in CLASSES.items()}
 
 
 _LEAVE_OUT = (

@@ -49,11 +49,13 @@ def _is_hardware_xid(event: faults.XidEvent) -> bool:
 
 
 def hardware_evidence(evidence: FailureEvidence, lines: Sequence[str]) -> _Hardware | None:
-    """Hardware Xids in the kernel log (or stderr), or faults the GPU sampler saw."""
+    """Hardware Xids in the kernel log (or stderr) or reported as data, or faults the GPU
+    sampler saw."""
     found: list[tuple[faults.XidEvent, str]] = []
     visible = _visible_buses(evidence)
-    for line in [*evidence.kernel_log, *lines]:
-        event = faults.parse_xid_line(line)
+    parsed = [(faults.parse_xid_line(line), line) for line in [*evidence.kernel_log, *lines]]
+    reported = [(x, x.line or f"Xid {x.code}") for x in evidence.xids]
+    for event, line in [*parsed, *reported]:
         if event is None or not _is_hardware_xid(event):
             continue
         if visible is not None and event.pci_bus_id is not None and event.pci_bus_id not in visible:

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from trainmedic.findings.model import Category
+from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuRef, GpuSample
 from trainmedic.ostext import signal_name
 from trainmedic.resilience.errorfile import ErrorReport
@@ -80,6 +81,9 @@ class FailureEvidence:
             (``network: socket 10.0.0.5:9000``, ``filesystem: /mnt/data``).
         hang_evidence: the deciding process's evidence, one sentence.
         kernel_log: kernel log lines (``dmesg``) from the attempt, when readable.
+        xids: the Xids reported as data during the attempt (the Xid watch's: NVML
+            events, which any user can read where the kernel log is closed, and the
+            kernel log's own); judged with the kernel log's.
         terminated_by_supervisor: the supervisor itself sent the stop signal.
         launch_error: why the command could not be started (``FileNotFoundError``).
         job_pids: process ids of the job's tree, to tell its OOM kills from others'.
@@ -101,6 +105,7 @@ class FailureEvidence:
     hang_source: str | None = None
     hang_evidence: str | None = None
     kernel_log: tuple[str, ...] = ()
+    xids: tuple[faults.XidEvent, ...] = ()
     terminated_by_supervisor: bool = False
     launch_error: str | None = None
     job_pids: frozenset[int] = frozenset()
