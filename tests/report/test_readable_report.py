@@ -218,3 +218,18 @@ def test_escape_codes_from_a_record_never_reach_the_terminal(tmp_path: Path) -> 
     for raw in ("\x1b]0;", "\x07", "\x1b[2J", "\x9b", "\x1b[5m", "\x1b[8m", "\x1b[31m"):
         assert raw not in text, repr(raw)
     assert "\\x1b]0;pwned\\x07" in text and "slow\\x1b[2J" in text
+
+
+def test_a_category_heading_says_what_it_covers() -> None:
+    """``[timeout]`` over a crash reads as a mistake unless it says hangs and crashes."""
+    crash = Finding(
+        "failure.segfault", Category.TIMEOUT, Severity.ERROR, "The job crashed in native code",
+        {"exit_code": -11}, "Run with PYTHONFAULTHANDLER=1.",
+    )  # fmt: skip
+    text = render([crash, demo_finding()], None, 80)
+    headings = [line for line in text.splitlines() if line.startswith("[")]
+    assert sorted(headings) == [
+        "[framework_config] the framework set up badly",
+        "[timeout] hangs, crashes and restarts",
+    ]
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines())

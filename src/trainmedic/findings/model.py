@@ -38,6 +38,24 @@ class Category(str, Enum):
         return self.value
 
 
+CATEGORY_CAUSE: dict[Category, str] = {
+    Category.GPU_CAPACITY: "the GPU too weak for the job, or uneven load across GPUs",
+    Category.GPU_MEMORY: "GPU memory short",
+    Category.NETWORK: "data over a slow or distant network",
+    Category.CPU: "the host CPU is the bottleneck",
+    Category.IO: "slow disk or distributed storage",
+    Category.FRAMEWORK_CONFIG: "the framework set up badly",
+    Category.CONTENTION: "other processes compete for the GPU, CPU or memory",
+    Category.DRIVER: "driver, CUDA or OS mismatch",
+    Category.MODEL: "the model too heavy for this hardware",
+    Category.THERMAL: "heat or power limits slow the GPU",
+    Category.HARDWARE_FAULT: "failing hardware",
+    Category.TIMEOUT: "hangs, crashes and restarts",
+}
+"""What each category names, in a few words (docs/architecture.md, section 1): shown
+beside the category's name, so that ``timeout`` over a crash reads as meant."""
+
+
 class Severity(str, Enum):
     """How much a finding matters; ``rank`` orders them (higher is worse)."""
 

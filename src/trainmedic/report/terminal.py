@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainmedic.findings.model import Finding, Severity, rank_findings
+from trainmedic.findings.model import CATEGORY_CAUSE, Category, Finding, Severity, rank_findings
 from trainmedic.ostext import visible
 from trainmedic.report.facts import facts
 from trainmedic.report.fix_text import Known, fill
@@ -28,6 +28,14 @@ def group_by_category(findings: Iterable[Finding]) -> list[tuple[str, list[Findi
     for f in rank_findings(findings):
         groups.setdefault(f.category.value, []).append(f)
     return list(groups.items())
+
+
+def _cause(category: str) -> str:
+    """The category's cause in words; empty for a name outside the vocabulary."""
+    try:
+        return CATEGORY_CAUSE[Category(category)]
+    except ValueError:
+        return ""
 
 
 EVIDENCE_LINES = 6
@@ -109,7 +117,11 @@ def render_findings(
         console.print(Text("  no findings", style="green"))
     for category, items in group_by_category(shown):
         console.print()
-        console.print(Text(f"[{visible(category)}]", style="bold magenta"))
+        heading = Text(f"[{visible(category)}]", style="bold magenta")
+        cause = _cause(category)
+        if cause:
+            heading.append(f" {cause}", style="magenta")
+        console.print(heading)
         for f in items:
             console.print(render_finding(f, known, console.width))
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
