@@ -117,11 +117,11 @@ def render_findings(
         console.print(Text("  no findings", style="green"))
     for category, items in group_by_category(shown):
         console.print()
-        heading = Text(f"[{visible(category)}]", style="bold magenta")
+        title = Text(f"[{visible(category)}]", style="bold magenta")
         cause = _cause(category)
         if cause:
-            heading.append(f" {cause}", style="magenta")
-        console.print(heading)
+            title.append(f" {cause}", style="magenta")
+        console.print(title)
         for f in items:
             console.print(render_finding(f, known, console.width))
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
