@@ -183,6 +183,22 @@ def test_a_small_wait_with_no_one_to_blame_names_no_other_processes() -> None:
     assert f.id == "contention.cpu" and f.severity is Severity.WARNING
 
 
+def test_a_wait_behind_the_jobs_own_threads_filling_the_cores_is_not_others() -> None:
+    # 1.9 of 2 cores runnable in the job, others at 0.01 cores: an event loop computing
+    # batches beside the training process's own compute threads (seen in a CI run, where
+    # it was called "other processes take CPU time").
+    full = measured(0.08, others=1.0, job_cpu_pct=175.0, job_wait_cores=0.15)
+    (f,) = cpu_contention(RunView.of(full), TH)
+    assert f.id == "cpu.oversubscribed" and f.category is Category.CPU
+    assert f.severity is Severity.WARNING and f.impact == pytest.approx(0.08)
+    assert "keep its 2 cores full (1.9 busy" in f.title
+    assert "torch.set_num_threads(1)" in f.fix and "Other processes" not in f.title
+    # Below the job's full share (1.6 of 2), nobody can be named but others.
+    (g,) = cpu_contention(RunView.of(measured(0.08, others=1.0, job_cpu_pct=150.0,
+                                             job_wait_cores=0.1)), TH)  # fmt: skip
+    assert g.id == "contention.cpu"
+
+
 def test_others_present_but_costing_nothing_is_quiet() -> None:
     assert cpu_contention(RunView.of(measured(0.0, others=180.0)), TH) == []
 

@@ -110,6 +110,23 @@ def test_threads_computing_in_python_are_not_network_but_the_interpreter_lock() 
     assert 1.5 < f.evidence["predicted_speedup"] < 2.1
 
 
+def test_waits_already_answered_count_as_waits_but_not_as_idle_helpers() -> None:
+    # An event loop computing each batch in under the interpreter's switch interval: the
+    # sampler gets the lock when the loop hands the batch over, the future done. Those
+    # samples are the loop's wait, and say nothing of what the helpers did in it.
+    record = handoff_record(make_handoff(waits=80, answered=50, threads={"python": 28, "wait": 2}))
+    h = measure_handoff(RunView.of(record), TH)
+    assert h is not None and (h.waits, h.answered, h.wait_samples) == (30, 50, 80)
+    f = first(record)
+    assert (f.id, f.category) == ("input.gil", Category.FRAMEWORK_CONFIG)
+    assert f.evidence["handoff_waits"] == 80 and f.evidence["handoff_answered_waits"] == 50
+    assert f.evidence["helper_threads_seen"] == pytest.approx(1.0)  # per moment looked at
+    assert f.evidence["helper_python_share"] == pytest.approx(28 / 30, abs=1e-3)
+    # Counted as moments the helper waited, they would hide its work.
+    unanswered = first(handoff_record(make_handoff(waits=80, threads={"python": 28, "wait": 52})))
+    assert unanswered.evidence["helper_python_share"] == pytest.approx(28 / 80, abs=1e-3)
+
+
 def test_helpers_computing_with_every_core_busy_are_cpu() -> None:
     # Three producer processes on the 2 cores, all computing while the loop waits.
     f = first(handoff_record(make_handoff(waits=44, processes={"cpu": 132})))

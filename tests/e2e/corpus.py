@@ -335,11 +335,12 @@ CASES: tuple[Case, ...] = (
     Case("asyncio-store", "handoff", lambda e: _handoff(
         e, "asyncio", "store", "--steps", "20", "--batch-size", "8"),
         "input.network", "network", check=_server_waits),
-    # 150 steps: at 60 (0.6 s of steady steps) one CI run saw the helper busy in 14 of
-    # 47 samples of the wait, short of the 20 the rule needs; the helper holds the
-    # interpreter lock while it computes, so fewer samples land then.
+    # 1500 steps (about 13 s): the rule needs the helper seen working 20 times, and about
+    # 40 % of the samples of this wait find it already answered (the loop hands each
+    # batch over after under 5 ms of Python), leaving the helpers unlooked at; at 500
+    # steps the count ran from 20 to 56.
     Case("asyncio-compute", "handoff", lambda e: _handoff(
-        e, "asyncio", "compute", "--steps", "500", "--batch-size", "8"),
+        e, "asyncio", "compute", "--steps", "1500", "--batch-size", "8"),
         "input.gil", "framework_config", check=_processes_for_python),
     Case("direct-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "20", "--batch-size", "8"),

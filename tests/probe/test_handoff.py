@@ -112,6 +112,10 @@ def test_a_helper_threads_stack(stack: list[FrameInfo], state: str) -> None:
         ("socket", None, False, "socket"),
         ("poll", None, True, "socket"),  # an event loop holding connections
         ("poll", None, False, "poll"),
+        ("poll", KernelState("S", "epoll_wait"), True, "socket"),
+        # The selector returned: waiting for a CPU or the interpreter lock to run callbacks.
+        ("poll", KernelState("R", "running"), True, "python"),
+        ("poll", KernelState("S", "futex"), False, "python"),
         ("native", KernelState("R", "running"), False, "cpu"),
         ("native", KernelState("S", "futex"), False, "python"),  # back for the lock
         ("native", KernelState("S", "recvfrom", "socket"), False, "socket"),  # C I/O
@@ -383,7 +387,11 @@ def test_an_event_loop_on_timers_only_waits_and_is_not_the_network() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(server.getsockname())
     with event_loop() as loop:
-        loop.call_soon_threadsafe(loop.call_later, 30, lambda: None)  # a timer, no I/O
+        async def timer() -> None:
+            loop.call_later(30, lambda: None)  # a timer, no I/O
+
+        asyncio.run_coroutine_threadsafe(timer(), loop).result(5)
+        time.sleep(0.05)  # back in its selector, not just woken from it
         ident, frame = loop_frame(loop)
         assert loop_descriptors(frame) == []  # its own wake-up socket left out
         del frame
@@ -391,7 +399,27 @@ def test_an_event_loop_on_timers_only_waits_and_is_not_the_network() -> None:
         seen = sampler.sample(only(ident), set())[0]
     client.close()
     server.close()
-    assert seen["thread:wait"] == 1 and not seen["thread:socket"] and not seen["in_flight"]
+    assert seen["thread:wait"] == 1 and not seen["thread:socket"] and not seen["in_flight"], seen
+
+
+@pytest.mark.parametrize(
+    ("kernel", "state"),
+    [(KernelState("S", "epoll_wait"), "wait"), (KernelState("R", "running"), "python"),
+     (KernelState("S", "futex"), "python")],
+)  # fmt: skip
+def test_an_event_loop_whose_selector_returned_has_python_to_run(
+    kernel: KernelState, state: str
+) -> None:
+    # Its stack still shows the selector until it has a CPU and the interpreter lock back;
+    # its kernel state says whether the selector returned.
+    with event_loop() as loop:
+        ident, frame = loop_frame(loop)
+        del frame
+        sampler = HelperSampler(
+            StackCache().classify, read_kernel=lambda pid, tid: kernel, list_children=lambda: []
+        )
+        seen = sampler.sample(only(ident), set())[0]
+    assert seen == Counter({f"thread:{state}": 1}), seen
 
 
 def test_an_event_loop_reading_sockets_holds_one_request_on_each() -> None:
@@ -411,6 +439,7 @@ def test_an_event_loop_reading_sockets_holds_one_request_on_each() -> None:
             ident, frame = loop_frame(loop)
             fds = loop_descriptors(frame)
             del frame
+        time.sleep(0.05)  # back in its selector, not just woken from it
         sampler = HelperSampler(StackCache().classify, list_children=lambda: [])
         seen = sampler.sample(only(ident), set())[0]
         for _, b in pairs:

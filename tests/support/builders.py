@@ -218,6 +218,7 @@ def make_handoff(
     server: Mapping[str, int] | None = None,
     server_running: int = 0,
     peer: str = "4242 python store.py --port 7000",
+    answered: int = 0,
 ) -> LoaderActivity:
     """Samples of a training thread between steps (no DataLoader) that waited ``waits``
     times on other threads or processes (``ipc_wait``, plus its ``own`` other states),
@@ -225,9 +226,12 @@ def make_handoff(
     (``socket=40, idle=4``). ``in_flight``: requests in flight summed over them (default:
     one per thread or process in ``socket`` or ``file``). ``server``: observations of the
     process ``peer`` at the far end of their sockets, by activity, with ``server_running``
-    of its threads on a CPU over them."""
+    of its threads on a CPU over them. ``answered``: of the ``waits``, those whose wait
+    was already answered, the helpers not looked at."""
     threads, processes = dict(threads or {}), dict(processes or {})
     handoff: dict[str, int] = {"waits": waits}
+    if answered:
+        handoff["delivered"] = answered
     handoff.update({f"thread:{k}": v for k, v in threads.items()})
     handoff.update({f"process:{k}": v for k, v in processes.items()})
     io = sum(obs.get(k, 0) for obs in (threads, processes) for k in ("socket", "file"))

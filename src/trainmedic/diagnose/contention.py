@@ -6,7 +6,9 @@ thread's time spent runnable without a CPU (its run-queue delay, from the
 kernel's scheduler counters; :mod:`trainmedic.diagnose.cpu_time`). The wait
 is then attributed: to the job's cgroup quota (``cpu.throttled``), to the
 hypervisor (``contention.steal``), to other processes (``contention.cpu``), or
-to the job's own threads outnumbering its cores (``cpu.oversubscribed``).
+to the job's own threads outnumbering its cores (``cpu.oversubscribed``) - or
+keeping them full, others using next to nothing: the wait is then the job's
+own threads' bursts, not other processes'.
 Records without thread measurements fall back to others' CPU on a full
 machine, with the slowdown of the steps that overlapped it.
 
@@ -176,22 +178,7 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
     ):
         key, category = "cpu.oversubscribed", Category.CPU
         title = f"The job keeps {runnable:.1f} threads busy on {_cores_str(cores)} cores: {lost}"
-        workers = view.num_workers or 0
-        threads = max(1, int(cores) - workers)
-        if view.framework == "tensorflow":
-            fix = (
-                "Run no more busy threads than cores: "
-                f"tf.config.threading.set_intra_op_parallelism_threads({threads}) and "
-                "set_inter_op_parallelism_threads(1) before the first op (or "
-                f"OMP_NUM_THREADS={threads}), and num_parallel_calls=tf.data.AUTOTUNE "
-                "rather than a fixed count above the cores in the tf.data pipeline."
-            )
-        else:
-            fix = (
-                "Run no more busy threads than cores: torch.set_num_threads("
-                f"{threads}) (or OMP_NUM_THREADS={threads}) in the training process, "
-                "leaving cores to the DataLoader workers, which use one thread each."
-            )
+        fix = _fewer_threads_fix(view, max(1, int(cores) - (view.num_workers or 0)))
     elif others >= th.others_min_cores:
         key, category = "contention.cpu", Category.CONTENTION
         title = f"Other processes use {others:.1f} of the job's {_cores_str(cores)} cores: {lost}"
@@ -201,6 +188,15 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
         # wait this small is the machine's ordinary scheduling (the job's helper
         # threads, trainmedic's own, the kernel's), with no one to blame for it.
         return []
+    elif runnable is not None and cores is not None and runnable >= th.own_full_share * cores:
+        # Others use next to nothing, and the job's own threads keep the cores full: it
+        # is they that take the training thread's CPU, in bursts above their mean.
+        key, category = "cpu.oversubscribed", Category.CPU
+        title = (
+            f"The job's own threads keep its {_cores_str(cores)} cores full "
+            f"({runnable:.1f} busy on average): {lost}"
+        )
+        fix = _fewer_threads_fix(view, max(1, int(cores) - (view.num_workers or 0) - 1))
     else:
         key, category = "contention.cpu", Category.CONTENTION
         title = f"Other processes take CPU time the job needs: {lost}"
@@ -223,6 +219,25 @@ def cpu_contention(view: RunView, th: Thresholds) -> list[Finding]:
             subject="host",
         )
     ]
+
+
+def _fewer_threads_fix(view: RunView, threads: int) -> str:
+    """The fix of a job whose own threads take the training thread's CPU: ``threads``
+    compute threads in the training process."""
+    if view.framework == "tensorflow":
+        return (
+            "Run no more busy threads than cores: "
+            f"tf.config.threading.set_intra_op_parallelism_threads({threads}) and "
+            "set_inter_op_parallelism_threads(1) before the first op (or "
+            f"OMP_NUM_THREADS={threads}), and num_parallel_calls=tf.data.AUTOTUNE "
+            "rather than a fixed count above the cores in the tf.data pipeline."
+        )
+    return (
+        "Run no more busy threads than cores: torch.set_num_threads("
+        f"{threads}) (or OMP_NUM_THREADS={threads}) in the training process, "
+        "leaving cores to the DataLoader workers, which use one thread each, and to "
+        "any threads of its own that prepare data."
+    )
 
 
 def _loading_fills_the_cores(view: RunView, th: Thresholds) -> bool:

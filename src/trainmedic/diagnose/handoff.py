@@ -40,10 +40,15 @@ from trainmedic.diagnose.servers import ServerLooks
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category
-from trainmedic.record.sample_states import IN_FLIGHT, PROCESS_PREFIX, THREAD_PREFIX, WAITS
+from trainmedic.record.sample_states import (
+    BUSY_HELPER_STATES,
+    DELIVERED,
+    IN_FLIGHT,
+    PROCESS_PREFIX,
+    THREAD_PREFIX,
+    WAITS,
+)
 
-BUSY_HELPER_STATES = ("socket", "file", "poll", "python", "cpu")
-"""Helper states that do the work waited for; ``idle`` and ``wait`` do not."""
 RESOURCES: dict[str, tuple[str, ...]] = {
     "network": ("socket", "poll"),
     "io": ("file",),
@@ -64,12 +69,16 @@ class Handoff:
 
     Attributes:
         outside_samples: the training thread's samples between steps.
-        waits: of them, samples that waited on other threads or processes.
+        waits: of them, samples that waited on other threads or processes and looked at
+            them (every average "at a moment of the wait" is over these).
         threads / processes: observations of helper threads / child processes by state.
         in_flight: requests in flight summed over the observations waiting on I/O.
         frames: the helpers' most frequent frames while they worked.
         server: looks at the processes of this machine at the far end of the helpers'
             sockets (:mod:`trainmedic.diagnose.servers`).
+        answered: samples that waited on others whose wait was already answered with
+            no helper working, their observations not counted
+            (:mod:`trainmedic.probe.answered`).
     """
 
     outside_samples: int
@@ -79,6 +88,12 @@ class Handoff:
     in_flight: float
     frames: Counter[str] = field(default_factory=Counter)
     server: ServerLooks = field(default_factory=ServerLooks)
+    answered: int = 0
+
+    @property
+    def wait_samples(self) -> int:
+        """Samples of the loop that waited on others, answered or not."""
+        return self.waits + self.answered
 
     @property
     def observations(self) -> Counter[str]:
@@ -91,7 +106,7 @@ class Handoff:
 
     def wait_share(self, th: Thresholds) -> SampledShare:
         """Share of the loop's samples between steps that waited on others."""
-        return sampled(self.waits, self.outside_samples, th)
+        return sampled(self.wait_samples, self.outside_samples, th)
 
     def busy_share(self, th: Thresholds) -> SampledShare:
         """Share of the helpers' observations that worked (not idle, not blocked elsewhere),
@@ -162,7 +177,7 @@ def measure_handoff(view: RunView, th: Thresholds) -> Handoff | None:
     processes: Counter[str] = Counter()
     frames: Counter[str] = Counter()
     server = ServerLooks()
-    waits = outside = 0
+    waits = outside = answered = 0
     in_flight = 0.0
     # The whole run, as the loop's own samples are counted (:meth:`RunView.outside_activity`).
     for a in view.record.loader_activity:
@@ -172,6 +187,7 @@ def measure_handoff(view: RunView, th: Thresholds) -> Handoff | None:
         if not a.handoff:
             continue
         waits += a.handoff.get(WAITS, 0)
+        answered += a.handoff.get(DELIVERED, 0)
         in_flight += a.handoff.get(IN_FLIGHT, 0)
         for key, n in a.handoff.items():
             if key.startswith(THREAD_PREFIX):
@@ -182,7 +198,9 @@ def measure_handoff(view: RunView, th: Thresholds) -> Handoff | None:
         frames.update(a.helper_frames)
     if waits <= 0:
         return None
-    return Handoff(outside, waits, threads, processes, in_flight, frames, server)
+    return Handoff(
+        outside, waits - answered, threads, processes, in_flight, frames, server, answered
+    )
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def handoff_cause(view: RunView, th: Thresholds, *, starved: bool = False) -> In
         return None
     outside = view.outside_activity()
     data = sum(outside.get(s, 0) for s in DATA_STATES)
-    if sampled(h.waits, data, th).versus(th.activity_dominant_share) is not True:
+    if sampled(h.wait_samples, data, th).versus(th.activity_dominant_share) is not True:
         return None  # the loop mostly builds its batches itself (or it is not known)
     evidence = _evidence(view, th, h, data)
     resource = h.resource(th)
@@ -128,9 +128,10 @@ def _per_wait(h: Handoff, obs: Any) -> float:
 
 
 def _evidence(view: RunView, th: Thresholds, h: Handoff, data: int) -> dict[str, Any]:
-    wait = sampled(h.waits, data, th)
+    wait = sampled(h.wait_samples, data, th)
     ev: dict[str, Any] = {
-        "handoff_waits": h.waits,
+        "handoff_waits": h.wait_samples,
+        "handoff_answered_waits": h.answered,
         "outside_data_samples": data,
         "handoff_wait_share": round(wait.share, 4),
         "handoff_wait_share_interval": interval_evidence(wait),

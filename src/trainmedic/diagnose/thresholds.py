@@ -63,6 +63,9 @@ class Thresholds:
         spare_min_cores: cores left over (usable - the job's useful CPU - others')
             from which another loader process has room.
         others_min_cores: others' CPU from which they count as competitors, cores.
+        own_full_share: share of the usable cores the job's own runnable threads
+            fill, on average, from which they are what keeps the training thread
+            waiting for a CPU when others use less than ``others_min_cores``.
         cpu_wait_warning_share / cpu_wait_error_share: share of the training
             thread's time waiting for a CPU that is a warning / an error.
         cpu_wait_info_share: below the warning, a wait from this share is reported
@@ -118,6 +121,7 @@ class Thresholds:
     amp_skip_min: int = 5
     spare_min_cores: float = 0.5
     others_min_cores: float = 0.5
+    own_full_share: float = 0.85
     cpu_wait_warning_share: float = 0.05
     cpu_wait_error_share: float = 0.25
     cpu_wait_info_share: float = 0.02

@@ -37,7 +37,11 @@ Each observation is one of :data:`HELPER_STATES`:
 An event loop's thread is read from its selector: the descriptors registered
 on it other than the loop's own wake-up socket are its requests in flight; a
 loop with none registered waits on timers (``wait``), not the network - a job
-holding TCP connections elsewhere (DDP's store) included.
+holding TCP connections elsewhere (DDP's store) included. Its kernel state is
+read too: a loop whose selector has returned still shows the selector on its
+stack until it gets a CPU and the interpreter lock back (the sampler holds
+the lock while it samples); it has callbacks to run, so it counts as
+``python``.
 
 Cost: nothing while the training thread is not waiting on others; then a few
 µs per helper thread (its stack's classification is cached) and about 30 µs
@@ -182,6 +186,8 @@ def refine(stack_state: str, kernel: KernelState | None, sockets: bool = False) 
     """One helper thread's state from its stack's and (when read) its kernel's;
     ``sockets``: the process holds network connections (a poll waits on them)."""
     if stack_state == "poll":
+        if _woken(kernel):
+            return "python"
         return "socket" if sockets else "poll"
     if stack_state not in _AMBIGUOUS:
         return stack_state
@@ -197,6 +203,15 @@ def refine(stack_state: str, kernel: KernelState | None, sockets: bool = False) 
         # sampler holds it) counts as the Python work it is; other waits do not.
         return "python" if k in ("lock", None) else "wait"
     return "wait"
+
+
+def _woken(kernel: KernelState | None) -> bool:
+    """Whether an event loop's thread, its stack still in the selector, has left the
+    system call: the selector returned and the thread waits for a CPU or for the
+    interpreter lock (held by the sampler at this moment, or by another thread) to run
+    the callbacks that are ready - Python work about to run, not a wait on timers or
+    sockets."""
+    return kernel is not None and kernel_class(kernel) in ("lock", "running")
 
 
 def process_state(kernel: KernelState | None, sockets: bool = False) -> str | None:
@@ -336,7 +351,7 @@ class HelperSampler:
             kernel = None
             native = self._native.get(ident)
             known = self._kernels.get(ident)
-            if stack_state in _AMBIGUOUS:
+            if stack_state in _AMBIGUOUS or stack_state == "poll":
                 if native is not None and (reads < MAX_KERNEL_READS or known is None):
                     kernel = self._kernels[ident] = self._read_kernel(self._pid, native)
                     self.kernel_reads += 1
@@ -356,7 +371,7 @@ class HelperSampler:
                 # An event loop: its registered sockets are its requests, none is timers.
                 inodes = self._loop_sockets(loop_fds)
                 connections = len(inodes)
-                state = "socket" if inodes else "wait"
+                state = "python" if _woken(kernel) else "socket" if inodes else "wait"
                 for socket_inode in inodes[:MAX_SERVERS]:
                     self._note_server(servers, self._peer(self._pid, socket_inode))
             else:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
+from trainmedic.probe.answered import still_working, wait_answered
 from trainmedic.probe.stacks import FLUSH_S, ActivityAggregate, StackCache
 from trainmedic.record.types import LoaderActivity
 from trainmedic.wilson import wilson_half_width
@@ -307,6 +308,7 @@ class StackSampler:
         frames = sys._current_frames()
         taken = 0
         waiting = False
+        answered = False
         for ident, role in targets:
             frame = frames.get(ident)
             if frame is None:
@@ -315,6 +317,8 @@ class StackSampler:
             if state == "socket_wait":
                 # Waiting on a socket itself: who answers, if a process of this machine.
                 self._sample_server(ident, frame)
+            if hands_off and not waiting:
+                answered = wait_answered(frame)
             del frame
             with self._lock:
                 self.aggregate.add_classified(state, key)
@@ -323,7 +327,7 @@ class StackSampler:
             taken += 1
         if waiting:
             # The training thread waits on others: what they do is what the wait costs.
-            self._sample_helpers(frames, frozenset(ident for ident, _ in targets))
+            self._sample_helpers(frames, frozenset(ident for ident, _ in targets), answered)
         del frames
         self.samples += taken
         return taken
@@ -335,10 +339,17 @@ class StackSampler:
             self._helpers = HelperSampler(self._cache.classify)
         return self._helpers
 
-    def _sample_helpers(self, frames: dict[int, FrameType], skip: frozenset[int]) -> None:
+    def _sample_helpers(
+        self, frames: dict[int, FrameType], skip: frozenset[int], answered: bool
+    ) -> None:
         observations, keys = self._helper_sampler().sample(frames, skip)
+        if answered:
+            # The thread waited on handed the batch over and let go of the interpreter
+            # lock, which this sampler took first: that it is idle now is not what the
+            # wait was spent on. Others still working are.
+            observations = still_working(observations)
         with self._lock:
-            self.aggregate.add_handoff(observations, keys)
+            self.aggregate.add_handoff(observations, keys, delivered=answered and not observations)
 
     def _sample_server(self, ident: int, frame: FrameType) -> None:
         observations = self._helper_sampler().own_server(ident, frame)

@@ -30,7 +30,7 @@ from types import FrameType
 
 from trainmedic.probe import frame_tables as tables
 from trainmedic.probe.frames import CACHE_MAX, FrameInfo, callee_names, is_library
-from trainmedic.record.sample_states import WAIT_STATES, WAITS
+from trainmedic.record.sample_states import DELIVERED, WAIT_STATES, WAITS
 from trainmedic.record.types import LoaderActivity
 
 STATES = WAIT_STATES
@@ -237,9 +237,15 @@ class ActivityAggregate:
         ``waits`` is not counted)."""
         self.handoff.update(observations)
 
-    def add_handoff(self, observations: Counter[str], keys: Counter[str]) -> None:
-        """Count one moment the training thread waited on others, and what they did."""
+    def add_handoff(
+        self, observations: Counter[str], keys: Counter[str], delivered: bool = False
+    ) -> None:
+        """Count one moment the training thread waited on others, and what they did;
+        ``delivered``: its wait was already answered, the others not looked at
+        (:data:`~trainmedic.record.sample_states.DELIVERED`)."""
         self.handoff[WAITS] += 1
+        if delivered:
+            self.handoff[DELIVERED] += 1
         self.handoff.update(observations)
         self.helper_frames.update(keys)
 

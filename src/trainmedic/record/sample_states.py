@@ -18,8 +18,15 @@ OUTSIDE_STATES = ("sleep", "log", "sync", "file_write", "python")
 HELPER_STATES = ("socket", "file", "python", "cpu", "idle", "poll", "wait")
 """What the threads or processes a wait was handed to are doing
 (:mod:`trainmedic.probe.handoff`)."""
+BUSY_HELPER_STATES = ("socket", "file", "poll", "python", "cpu")
+"""Helper states that do the work waited for; ``idle`` and ``wait`` do not."""
 WAITS = "waits"
 """Key of the count of training-thread samples that waited on others."""
+DELIVERED = "delivered"
+"""Key of the count of those samples whose wait was already answered (the future done,
+the queue holding an item) and no helper was working: the one that answered has just
+gone idle, and the training thread only waited for the interpreter lock the sampler
+held. Their helpers' observations are not counted (:mod:`trainmedic.probe.answered`)."""
 IN_FLIGHT = "in_flight"
 """Key of the requests in flight summed over the observations waiting on I/O."""
 THREAD_PREFIX = "thread:"
