@@ -109,7 +109,7 @@ def test_lazy_exports_do_not_import_torch() -> None:
         "print('torch' in sys.modules, c.__module__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "trainmedic.checkpoint"]
+    assert out.stdout.split() == ["False", "trainmedic.checkpoint.checkpointer"]
     for name in (
         "Checkpointer",
         "micro_batch_divisor",

@@ -9,15 +9,17 @@ from trainmedic.doctor.checks.framework import (
     CHECKS,
     alloc_conf_problems,
     check_alloc_conf,
-    check_distributed_debug,
-    check_launch_blocking,
-    check_nccl_p2p,
-    check_no_memory_caching,
     check_shm,
+    switch_check,
 )
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Category
 from trainmedic.host.types import ShmFacts
+
+check_launch_blocking = switch_check("CUDA_LAUNCH_BLOCKING")
+check_no_memory_caching = switch_check("PYTORCH_NO_CUDA_MEMORY_CACHING")
+check_distributed_debug = switch_check("TORCH_DISTRIBUTED_DEBUG")
+check_nccl_p2p = switch_check("NCCL_P2P_DISABLE")
 
 MIB = 1 << 20
 

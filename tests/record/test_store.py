@@ -218,7 +218,7 @@ def test_every_record_type_round_trips(run_dir: Path) -> None:
         w.add_loader(make_loader())
         w.add_loader_activity(make_activity())
         w.add_event(make_event())
-        w.add_event(make_event(pid=None, data={}, kind="stall", message="no step for 60 s"))
+        w.add_event(make_event(pid=None, data={}, kind="hang_detected", message="no step for 60 s"))
     record = load_run_record(run_dir)
     assert record.meta == meta
     assert record.steps == sorted(steps, key=lambda s: s.t)
@@ -227,7 +227,7 @@ def test_every_record_type_round_trips(run_dir: Path) -> None:
     assert record.host == hosts
     assert record.loaders == [make_loader()]
     assert record.loader_activity == [make_activity()]
-    assert [e.kind for e in record.events] == ["exception", "stall"]
+    assert [e.kind for e in record.events] == ["exception", "hang_detected"]
     assert record.events[0] == make_event()
 
 

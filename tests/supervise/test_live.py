@@ -7,6 +7,7 @@ import pytest
 from support import builders
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
+from trainmedic.supervise.attempt_state import AttemptNow, AttemptState
 from trainmedic.supervise.live import MIN_CERTAIN_STEPS, LiveAggregate
 from trainmedic.supervise.live_view import LiveView, plain_line, render_panel
 
@@ -115,6 +116,19 @@ def test_plain_line() -> None:
         "trainmedic [0:01:23] step 4 | 4.00 steps/s | 128.0 samples/s | data wait 20% "
         "| GPU0 97% 10.0/80.0 GiB 60°C"
     )
+
+
+def test_the_line_says_which_attempt_once_the_job_was_restarted() -> None:
+    agg = LiveAggregate(started_at=0.0)
+    agg.add_step(make_step(1, duration=0.25, wait=0.05))
+    agg.attempt_changed(AttemptNow(1, AttemptState.RUNNING, 0.0))
+    assert "attempt" not in plain_line(agg.status(1.0))  # the usual case says nothing
+    agg.attempt_changed(AttemptNow(1, AttemptState.BACKING_OFF, 2.0))
+    assert plain_line(agg.status(3.0)).endswith("| attempt 1 backing off")
+    agg.attempt_changed(AttemptNow(2, AttemptState.RUNNING, 4.0))
+    status = agg.status(5.0)
+    assert (status.attempt, status.attempt_state) == (2, "running")
+    assert plain_line(status).endswith("| attempt 2 running")
 
 
 def test_panel_renders_within_the_width_given() -> None:

@@ -14,6 +14,7 @@ from trainmedic.errors import UsageError
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import ClockEventReason
 from trainmedic.record.types import RunEvent, StepRecord
+from trainmedic.supervise.attempt_state import AttemptNow, AttemptState
 from trainmedic.supervise.metrics import MetricsCollector, MetricsState
 from trainmedic.supervise.metrics_server import ListenAddress, parse_listen, start_exporter
 
@@ -52,7 +53,15 @@ def fed_state() -> MetricsState:
         "restarted": True, "failure_class": "hang",
         "finding": {"severity": "error", "category": "timeout"}}))  # fmt: skip
     state.add_event(RunEvent(T0, "job_start", "", data={"attempt": 2}))
+    state.attempt_changed(AttemptNow(2, AttemptState.RUNNING, T0))
     return state
+
+
+def test_the_restart_loops_state_is_a_state_set() -> None:
+    got = samples(fed_state())
+    values = {dict(k[1])["state"]: v for k, v in got.items() if k[0] == "trainmedic_attempt_state"}
+    assert values == {s.value: float(s is AttemptState.RUNNING) for s in AttemptState}
+    assert not any(k[0] == "trainmedic_attempt_state" for k in samples(MetricsState("r", "n")))
 
 
 def test_a_scrape_reports_ranks_gpus_and_incidents() -> None:

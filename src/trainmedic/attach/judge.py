@@ -30,6 +30,7 @@ from trainmedic.diagnose.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.findings.model import Category, Finding, Severity, rank_findings
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent, RunMeta, RunRecord
 
 GPU_RULES = (hardware_faults, throttling, gpu_contention)
@@ -124,7 +125,7 @@ def gpu_findings(
         ),
         gpu=list(obs.gpu.samples),
         events=[
-            RunEvent(t=now - obs.seconds, kind="process_start", message="", pid=p.pid)
+            RunEvent(t=now - obs.seconds, kind=EventKind.PROCESS_START, message="", pid=p.pid)
             for p in obs.tree.processes
         ],
     )

@@ -20,9 +20,8 @@ import os
 import re
 from dataclasses import dataclass
 
-import psutil
-
 from trainmedic.errors import InputError
+from trainmedic.host import ps
 from trainmedic.supervise.census import is_python
 
 ROLES = ("training", "worker", "launcher", "python", "other")
@@ -96,13 +95,13 @@ def find_job(pid: int, proc: str = "/proc") -> JobTree:
     if pid <= 0:
         raise InputError(f"{pid} is not a process id")
     try:
-        top = psutil.Process(pid)
+        top = ps.Process(pid)
         below = top.children(recursive=True)
-    except psutil.NoSuchProcess:
+    except ps.NoSuchProcess:
         raise InputError(f"no process {pid} is running") from None
-    except psutil.AccessDenied:
+    except ps.AccessDenied:
         below = []
-    if pid == os.getpid() or pid in {p.pid for p in psutil.Process().parents()}:
+    if pid == os.getpid() or pid in {p.pid for p in ps.Process().parents()}:
         raise InputError(f"process {pid} is trainmedic itself or a shell above it, not a job")
     cut = max(0, len(below) - MAX_PROCESSES)
     found = [top, *below[:MAX_PROCESSES]]
@@ -114,9 +113,9 @@ def find_job(pid: int, proc: str = "/proc") -> JobTree:
                 argv = tuple(_safe(p.cmdline))
                 name = p.name()
                 exe = _safe_str(p.exe)
-        except psutil.NoSuchProcess:
+        except ps.NoSuchProcess:
             continue  # ended while being read
-        except psutil.AccessDenied:
+        except ps.AccessDenied:
             ppid, argv, name, exe = p.ppid(), (), "", None
         python = is_python(name, exe, argv[0] if argv else None)
         torch = _has_torch(p.pid, proc) if python else False
@@ -186,10 +185,10 @@ def _has_torch(pid: int, proc: str) -> bool | None:
     return False
 
 
-def _rank(p: psutil.Process) -> int | None:
+def _rank(p: ps.Process) -> int | None:
     try:
         value = p.environ().get("RANK")
-    except (psutil.Error, OSError):
+    except (ps.Error, OSError):
         return None
     try:
         return int(value) if value is not None else None
@@ -200,7 +199,7 @@ def _rank(p: psutil.Process) -> int | None:
 def _safe(read: object) -> list[str]:
     try:
         got = read()  # type: ignore[operator]
-    except psutil.AccessDenied:
+    except ps.AccessDenied:
         return []
     return [str(a) for a in got]
 
@@ -208,6 +207,6 @@ def _safe(read: object) -> list[str]:
 def _safe_str(read: object) -> str | None:
     try:
         got = read()  # type: ignore[operator]
-    except (psutil.AccessDenied, OSError):
+    except (ps.AccessDenied, OSError):
         return None
     return str(got) if got else None

@@ -108,11 +108,17 @@ def diagnose(run_dir: str | os.PathLike[str]) -> list[Finding]:
         RunDirectoryError: the directory is missing, unreadable or not a run's.
     """
     from trainmedic.record.reader import load_run_record
-    from trainmedic.traces.windows import read_window_traces
 
     directory = Path(run_dir)
-    record = load_run_record(directory)
-    return diagnose_run(record, windows=read_window_traces(directory).traces)
+    return diagnose_stored(load_run_record(directory), directory)
+
+
+def diagnose_stored(record: RunRecord, run_dir: Path) -> list[Finding]:
+    """:func:`diagnose_run` of a record read from ``run_dir``, with the traces of the
+    profiler windows the run wrote there."""
+    from trainmedic.traces.windows import read_window_traces
+
+    return diagnose_run(record, windows=read_window_traces(run_dir).traces)
 
 
 STRAGGLER_DATA = "distributed.straggler.data"
@@ -145,5 +151,7 @@ __all__ = [
     "Rule",
     "RunView",
     "Thresholds",
+    "diagnose",
     "diagnose_run",
+    "diagnose_stored",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.record.events import EventKind
 
 FIX = (
     "fp16 gradients overflow: train with bf16 autocast instead "
@@ -32,7 +33,7 @@ FIX = (
 def grad_scaler_skips(view: RunView, th: Thresholds) -> list[Finding]:
     latest: dict[int | None, dict[str, Any]] = {}
     for e in view.record.events:
-        if e.kind != "grad_scaler":
+        if e.kind != EventKind.GRAD_SCALER:
             continue
         data = dict(e.data)
         prev = latest.get(e.pid)

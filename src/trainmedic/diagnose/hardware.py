@@ -17,6 +17,7 @@ from trainmedic.findings.gpu_faults import group_xids, unreachable_finding, xid_
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 
 _DRAIN = (
@@ -112,7 +113,7 @@ def _xid_findings(events: list[RunEvent], gpus: list[GpuSample]) -> list[Finding
     found: list[faults.XidEvent] = []
     indices: list[int | None] = []
     for e in events:
-        if e.kind == "xid" and (x := _xid_event(e)) is not None:
+        if e.kind == EventKind.XID and (x := _xid_event(e)) is not None:
             found.append(x)
             indices.append(faults.xid_report_gpu(e.data))
     groups = group_xids(found, gpus, indices)

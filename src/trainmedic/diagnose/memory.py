@@ -14,6 +14,7 @@ from trainmedic.diagnose.view import RunView
 from trainmedic.findings.fixes import CUDA_OOM_FIX
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.faults import is_cuda_oom
+from trainmedic.record.events import EventKind
 from trainmedic.record.stats import weighted_quantile
 
 FIX = CUDA_OOM_FIX
@@ -69,7 +70,7 @@ def _oom(view: RunView, ev: dict[str, Any]) -> Finding | None:
     events = [
         e
         for e in view.record.events
-        if e.kind == "oom" or (e.kind == "exception" and is_cuda_oom(e.message))
+        if e.kind == EventKind.OOM or (e.kind == EventKind.EXCEPTION and is_cuda_oom(e.message))
     ]
     count = max(sum(by_pid.values()), len(events))
     if count == 0:

@@ -15,6 +15,7 @@ from typing import Any
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 
 
@@ -26,7 +27,7 @@ def probe_coverage(view: RunView, th: Thresholds) -> list[Finding]:
 def probe_degraded(events: Iterable[RunEvent]) -> list[Finding]:
     """One finding for all ``probe_degraded`` events (none without them): torch's, and
     Keras's (:mod:`trainmedic.probe.keras_hooks`) in one of their own."""
-    seen = [e for e in events if e.kind == "probe_degraded"]
+    seen = [e for e in events if e.kind == EventKind.PROBE_DEGRADED]
     keras = [e for e in seen if e.data.get("framework") == "keras"]
     seen = [e for e in seen if e.data.get("framework") != "keras"]
     found = _keras_degraded(keras) if keras else []

@@ -21,6 +21,7 @@ from typing import Any
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.record.events import EventKind
 
 PROBE_MISSING_MIN_S = 5.0
 """A Python process that ran this long connects (the probe speaks after 0.2 s)."""
@@ -32,12 +33,13 @@ def probe_reach(view: RunView, th: Thresholds) -> list[Finding]:
     reached = set(view.pids)
     failed: dict[int, str] = {}
     for e in view.record.events:
-        if e.kind == "probe_error" and e.data.get("part") == "bootstrap" and e.pid is not None:
+        bootstrap = e.data.get("part") == "bootstrap"
+        if e.kind == EventKind.PROBE_ERROR and bootstrap and e.pid is not None:
             failed.setdefault(e.pid, e.message)
     blind: list[Mapping[str, Any]] = []
     probe_on = False
     for e in view.record.events:
-        if e.kind != "process_census" or not e.data.get("probe"):
+        if e.kind != EventKind.PROCESS_CENSUS or not e.data.get("probe"):
             continue
         probe_on = True
         for p in e.data.get("processes") or ():

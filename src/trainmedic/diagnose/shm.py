@@ -23,11 +23,7 @@ def shm_too_small(view: RunView, th: Thresholds) -> list[Finding]:
     """Workers pass batches through ``/dev/shm``: a bus error, or a ``/dev/shm`` under
     ``shm_min_bytes`` while workers run."""
     workers = max((lo.num_workers for lo in view.record.loaders), default=None)
-    events = [
-        e
-        for e in view.record.events
-        if e.kind in ("bus_error", "shm") or _SHM_TEXT.search(f"{e.message} {e.data}")
-    ]
+    events = [e for e in view.record.events if _SHM_TEXT.search(f"{e.message} {e.data}")]
     sigbus = view.record.meta.exit_code == -_SIGBUS
     shm = view.machine.host.shm if view.machine is not None else None
     ev: dict[str, Any] = {"num_workers": workers}

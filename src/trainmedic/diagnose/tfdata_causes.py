@@ -34,6 +34,7 @@ from trainmedic.diagnose.input_causes import InputCause
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Category
+from trainmedic.record.events import EventKind
 
 TFDATA = "tf.data"
 """The ``dataset_type`` of a loader record the probe makes for a ``tf.data`` pipeline."""
@@ -56,7 +57,7 @@ def pipeline(view: RunView) -> Mapping[str, Any] | None:
     lo = loaders[0]
     for e in view.record.events:
         if (
-            e.kind == "tfdata_pipeline"
+            e.kind == EventKind.TFDATA_PIPELINE
             and e.pid == lo.pid
             and e.data.get("loader_id") == lo.loader_id
         ):
@@ -70,7 +71,7 @@ def repeats(view: RunView, p: Mapping[str, Any]) -> bool:
     if p.get("repeat", 1) != 1:
         return True
     pids = {lo.pid for lo in view.train_loaders}
-    return any(e.kind == "tfdata_epochs" and e.pid in pids for e in view.record.events)
+    return any(e.kind == EventKind.TFDATA_EPOCHS and e.pid in pids for e in view.record.events)
 
 
 def tfdata_cause(view: RunView, th: Thresholds) -> InputCause | None:

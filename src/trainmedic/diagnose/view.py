@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 from trainmedic.diagnose.cpu_time import CpuTime, measure
 from trainmedic.doctor.facts import MachineFacts
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
+from trainmedic.record.payloads import process_starts
 from trainmedic.record.spans import merge_intervals as merge_intervals
 from trainmedic.record.spans import sample_intervals as sample_intervals
 from trainmedic.record.stats import (
@@ -200,11 +202,9 @@ class RunView:
     def roles(self) -> dict[int, str]:
         """What each probed process said it was: ``process``, ``forked`` or ``worker``."""
         out: dict[int, str] = {}
-        for e in sorted(self.record.events, key=lambda e: e.t):
-            if e.kind in ("process_start", "process_role") and e.pid is not None:
-                role = e.data.get("role")
-                if isinstance(role, str):
-                    out[e.pid] = role
+        for e, p in process_starts(sorted(self.record.events, key=lambda e: e.t)):
+            if e.pid is not None and isinstance(e.data.get("role"), str):
+                out[e.pid] = p.role
         return out
 
     @cached_property
@@ -255,7 +255,8 @@ class RunView:
         ``tf_gpu`` event's data by pid (:mod:`trainmedic.probe.tf_facts`)."""
         found: dict[int, dict[str, Any]] = {}
         for e in self.record.events:
-            if e.kind == "tf_gpu" and e.pid is not None and isinstance(e.data.get("gpus"), list):
+            gpus = e.data.get("gpus")
+            if e.kind == EventKind.TF_GPU and e.pid is not None and isinstance(gpus, list):
                 found[e.pid] = dict(e.data)
         return found
 

@@ -709,12 +709,12 @@ def _short(fn: Callable[..., Any]) -> str:
 
 def _owner(pid: int) -> tuple[str | None, str | None]:
     """User and executable name of ``pid`` when visible from here."""
-    import psutil
+    from trainmedic.host import ps
 
     try:
-        p = psutil.Process(pid)
+        p = ps.Process(pid)
         return p.username(), p.name()
-    except (psutil.Error, OSError):
+    except (ps.Error, OSError):
         return None, None
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import psutil
+from trainmedic.host import ps
 
 # The /proc/<pid>/stat layout read here is Linux's; elsewhere psutil reads processes.
 _DEFAULT_PROC_ROOT = "/proc" if sys.platform.startswith("linux") else None
@@ -139,7 +139,7 @@ class PsutilProbe:
             return None
 
     def cpu_times(self) -> CpuTimes:
-        times = psutil.cpu_times()
+        times = ps.cpu_times()
         total = sum(times)
         # guest time is already counted in user time on Linux.
         total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
@@ -148,8 +148,8 @@ class PsutilProbe:
         return CpuTimes(busy_s=total - idle - (steal or 0.0), total_s=total, steal_s=steal)
 
     def memory(self) -> MemoryReading:
-        vm = psutil.virtual_memory()
-        swap = psutil.swap_memory()
+        vm = ps.virtual_memory()
+        swap = ps.swap_memory()
         return MemoryReading(
             total_bytes=vm.total,
             available_bytes=vm.available,
@@ -199,12 +199,12 @@ class PsutilProbe:
                             self._boot_time_s = float(line.split()[1])
                             break
             except (OSError, ValueError):
-                self._boot_time_s = psutil.boot_time()
+                self._boot_time_s = ps.boot_time()
         return self._boot_time_s
 
     def _processes_from_psutil(self) -> Iterator[ProcessReading]:
         attrs = ["pid", "name", "uids", "cpu_times", "memory_info", "create_time"]
-        for proc in psutil.process_iter(attrs, ad_value=None):
+        for proc in ps.process_iter(attrs, ad_value=None):
             info = proc.info
             times = info.get("cpu_times")
             created = info.get("create_time")

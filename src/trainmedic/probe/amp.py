@@ -33,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.probe.hookutil import compiling_reader
+from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
@@ -113,7 +114,7 @@ def install(torch: Any, probe: ProbeSeam, tracker: StepTracker) -> bool:
         )
         if step is not None and not final:
             message = f"GradScaler skipped optimizer step {step} (inf/NaN gradients); " + message
-        probe.emit(probe.event("grad_scaler", message, counter.data(step, final)))
+        probe.emit(probe.event(EventKind.GRAD_SCALER, message, counter.data(step, final)))
 
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         if (

@@ -39,6 +39,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.codehash import code_of
+from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
@@ -120,11 +121,11 @@ class Applier:
         # Switch events wait until the process shows it trains (a DataLoader batch on
         # its training thread, or a normal exit): spawned DataLoader workers import
         # torch too, and must not report the switches once each.
-        self._pending: list[tuple[str, str, dict[str, Any]]] = []
+        self._pending: list[tuple[EventKind, str, dict[str, Any]]] = []
 
     # --- reporting --------------------------------------------------------------------------------
 
-    def event(self, kind: str, message: str, data: dict[str, Any]) -> None:
+    def event(self, kind: EventKind, message: str, data: dict[str, Any]) -> None:
         data = {"source": self.plan.get("source"), **data}
         self.probe.emit(self.probe.event(kind, message, data))
 
@@ -133,7 +134,7 @@ class Applier:
             return
         self.on = False
         self.event(
-            "probe_error",
+            EventKind.PROBE_ERROR,
             f"--apply-from disabled after an internal error: {type(exc).__name__}: {exc}",
             {"part": "apply", "error": f"{type(exc).__name__}: {exc}"},
         )
@@ -262,7 +263,7 @@ class Applier:
         shown_old = self._settings(original)
         changed = {k: [shown_old[k], v] for k, v in self._settings(new).items()}
         self.event(
-            "remedy_applied",
+            EventKind.REMEDY_APPLIED,
             "DataLoader "
             + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
             + " (--apply-from)",
@@ -279,7 +280,7 @@ class Applier:
         self, dataset: Any, original: dict[str, Any], new: dict[str, Any], exc: Exception
     ) -> None:
         self.event(
-            "remedy_reverted",
+            EventKind.REMEDY_REVERTED,
             f"DataLoader kept the script's settings: it refused ours ({type(exc).__name__}: {exc})",
             {
                 "remedy": "dataloader",
@@ -291,7 +292,7 @@ class Applier:
 
     def _not_applied(self, dataset: Any, reason: str) -> None:
         self.event(
-            "remedy_not_applied",
+            EventKind.REMEDY_NOT_APPLIED,
             f"DataLoader over {_type_name(dataset)} left as it is: {reason}",
             {"remedy": "dataloader", "dataset_type": _type_name(dataset), "reason": reason},
         )
@@ -354,7 +355,7 @@ class Applier:
         if "dataset" in restored:
             shown["dataset"] = _type_name(restored["dataset"])
         self.event(
-            "remedy_reverted",
+            EventKind.REMEDY_REVERTED,
             f"DataLoader {entry.loader_id} back to the script's settings: workers could not "
             f"start with ours ({error})",
             {
@@ -403,7 +404,7 @@ class Applier:
             self._switch_state[switch] = None
             self._pending.append(
                 (
-                    "remedy_not_applied",
+                    EventKind.REMEDY_NOT_APPLIED,
                     f"{switch} not applied: {why}",
                     {"remedy": switch, "reason": why},
                 )
@@ -419,7 +420,7 @@ class Applier:
         self._switch_state[switch] = True
         self._pending.append(
             (
-                "remedy_applied",
+                EventKind.REMEDY_APPLIED,
                 f"{switch}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
                 {"remedy": switch, "changed": changed, "reason": why},
             )
@@ -477,14 +478,14 @@ class Applier:
                 torch.get_float32_matmul_precision() != "high"
             ):
                 self.event(
-                    "remedy_overridden",
+                    EventKind.REMEDY_OVERRIDDEN,
                     "tf32_matmul: the script set float32 matmul precision back to "
                     f"{torch.get_float32_matmul_precision()!r}",
                     {"remedy": "tf32_matmul"},
                 )
             if "cudnn_benchmark" in self.switches and "cudnn_benchmark" not in self._switch_state:
                 self.event(
-                    "remedy_not_applied",
+                    EventKind.REMEDY_NOT_APPLIED,
                     f"cudnn_benchmark not applied: fewer than {SHAPE_CHECK_BATCHES} DataLoader "
                     "batches to check the input shapes",
                     {"remedy": "cudnn_benchmark", "reason": "too few batches seen"},

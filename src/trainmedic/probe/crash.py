@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from trainmedic.atomicfile import atomic_writer
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 
 ERRORS_DIR = "errors"
@@ -31,7 +32,7 @@ def describe(exc_type: type[BaseException], exc: BaseException | None) -> str:
 
 
 def exception_event(
-    kind: str,
+    kind: EventKind,
     exc_type: type[BaseException],
     exc: BaseException | None,
     tb: TracebackType | None,

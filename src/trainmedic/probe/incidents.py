@@ -13,6 +13,8 @@ import os
 import sys
 import threading
 
+from trainmedic.record.events import EventKind
+
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -98,7 +100,7 @@ class ProbeIncidents:
                     from trainmedic.probe import crash
 
                     self._record_exception(
-                        crash.exception_event("exception", exc_type, exc, tb, self.pid)
+                        crash.exception_event(EventKind.EXCEPTION, exc_type, exc, tb, self.pid)
                     )
                 except Exception as error:
                     part.fail(error)
@@ -114,7 +116,7 @@ class ProbeIncidents:
 
                     name = args.thread.name if args.thread is not None else None
                     event = crash.exception_event(
-                        "thread_exception",
+                        EventKind.THREAD_EXCEPTION,
                         args.exc_type,
                         args.exc_value,
                         args.exc_traceback,
@@ -130,7 +132,7 @@ class ProbeIncidents:
 
     def _record_exception(self, event: RunEvent) -> None:
         self.emit(event)
-        if event.kind == "exception" and self.config.run_dir:
+        if event.kind == EventKind.EXCEPTION and self.config.run_dir:
             from trainmedic.probe import crash
 
             crash.write_error_file(self.config.run_dir, event, list(sys.argv))

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.probe.tf_facts import AT_STEPS
+from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -311,7 +312,7 @@ class KerasSteps:
             if not self.multi_step_said:
                 self.multi_step_said = True
                 probe.emit(probe.event(
-                    "probe_degraded",
+                    EventKind.PROBE_DEGRADED,
                     f"probe: Keras runs {spe} steps a call (steps_per_execution): steps are "
                     "counted, their wait for data is not measured",
                     keras_degraded_data(_keras_version(), [], ["data wait"]),
@@ -370,7 +371,7 @@ def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
     ]  # fmt: skip
     if missing:
         probe.emit(probe.event(
-            "probe_degraded",
+            EventKind.PROBE_DEGRADED,
             f"probe: {flavour.module} {version} lacks "
             + ", ".join(m["api"] for m in missing) + ": " + "; ".join(m["lost"] for m in missing),
             keras_degraded_data(version, missing, [m["lost"] for m in missing]),
@@ -516,7 +517,7 @@ class Pipelines:
             return
         self.repeat_said = True
         probe = self.probe
-        probe.emit(probe.event("tfdata_epochs", f"tf.data: a second epoch ({how})",
+        probe.emit(probe.event(EventKind.TFDATA_EPOCHS, f"tf.data: a second epoch ({how})",
                                {"how": how}))  # fmt: skip
 
     def seen_dataset(self, dataset: Any) -> None:
@@ -537,7 +538,7 @@ class Pipelines:
             pin_memory=False, prefetch_factor=None, persistent_workers=False,
             dataset_type="tf.data", dataset_len=None,
         ))  # fmt: skip
-        probe.emit(probe.event("tfdata_pipeline", f"tf.data pipeline {loader_id}: {line}",
+        probe.emit(probe.event(EventKind.TFDATA_PIPELINE, f"tf.data pipeline {loader_id}: {line}",
                                {**described, "loader_id": loader_id, "summary": line}))  # fmt: skip
 
 
@@ -638,7 +639,7 @@ class FunctionSteps:
         peak = max((g.get("peak_bytes", 0) for g in facts["gpus"]), default=0)
         probe = self.probe
         probe.emit(probe.event(
-            "tf_gpu",
+            EventKind.TF_GPU,
             f"TensorFlow on {len(growth)} GPU(s): memory growth {growth}, pool peak "
             f"{peak / 2**30:.2f} GiB, dtype policy {facts['dtype_policy']}, "
             f"jit_compile {facts['jit_compile']}",
@@ -906,7 +907,7 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
     owned = _resolve("tensorflow.python.data.ops.iterator_ops.OwnedIterator")
     if owned is None:
         probe.emit(probe.event(
-            "probe_degraded",
+            EventKind.PROBE_DEGRADED,
             "probe: TensorFlow's tf.data iterator is not where the probe looks: the wait "
             "for data of custom loops is not measured",
             keras_degraded_data(str(getattr(tf, "__version__", "unknown")), [], ["data wait"]),
@@ -954,7 +955,7 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
         _install_compute(tape, "gradient", "backward", tf, None, probe, functions.traced)
     if not _install_functions(tf, functions, probe):
         probe.emit(probe.event(
-            "probe_degraded",
+            EventKind.PROBE_DEGRADED,
             "probe: TensorFlow's tf.function class is not where the probe looks: the steps "
             "of custom loops whose step is a tf.function are not seen",
             keras_degraded_data(str(getattr(tf, "__version__", "unknown")), [], ["steps"]),

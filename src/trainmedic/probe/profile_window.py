@@ -50,6 +50,7 @@ import threading
 import time
 from collections import deque
 
+from trainmedic.record.events import EventKind
 from trainmedic.record.layout import PROFILES_DIR
 
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
@@ -86,7 +87,7 @@ CHUNK_BYTES = 1 << 20
 """Bytes compressed at a time (zlib releases the GIL on each)."""
 EXPORT_JOIN_S = 10.0
 """Seconds the job's exit waits for a trace still being written."""
-EVENT = "profile_window"
+EVENT = EventKind.PROFILE_WINDOW
 
 
 class ProfileWindow:
@@ -113,7 +114,7 @@ class ProfileWindow:
         name: str,
         uses_cuda: Callable[[], bool],
         capturing: Callable[[], bool],
-        send_event: Callable[[str, str, dict[str, Any]], None],
+        send_event: Callable[[EventKind, str, dict[str, Any]], None],
         mode: str = "auto",
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:

@@ -39,6 +39,7 @@ from trainmedic.probe.importhook import when_imported
 from trainmedic.probe.incidents import ProbeIncidents
 from trainmedic.probe.parts import Part, Parts
 from trainmedic.probe.seams import HookState
+from trainmedic.record.events import EventKind
 
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         if self.dropped:
             self.emit(
                 self.event(
-                    "probe_dropped",
+                    EventKind.PROBE_DROPPED,
                     f"probe dropped {self.dropped} message(s): the supervisor did not keep up",
                     {"dropped": self.dropped},
                 )
@@ -329,7 +330,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         parts_off = torch_features.switch_off(gaps, self.parts, version)
         if gaps or torch_features.too_old(version):
             message, data = torch_features.degraded_event_data(version, gaps, parts_off)
-            self.emit(self.event("probe_degraded", message, data))
+            self.emit(self.event(EventKind.PROBE_DEGRADED, message, data))
         tracker = self._ensure_tracker()
         if self.step_stats is None:
             self.step_stats = StepStats()
@@ -585,7 +586,7 @@ class Probe(ProbeAgent, ProbeIncidents):
 
     # --- errors ----------------------------------------------------------------------------------
 
-    def event(self, kind: str, message: str, data: dict[str, Any]) -> RunEvent:
+    def event(self, kind: EventKind, message: str, data: dict[str, Any]) -> RunEvent:
         """A run event of this process, timed now."""
         from trainmedic.record.types import RunEvent
 
@@ -594,7 +595,7 @@ class Probe(ProbeAgent, ProbeIncidents):
     def _report_part_error(self, part: Part, exc: BaseException, tb: str) -> None:
         self.emit(
             self.event(
-                "probe_error",
+                EventKind.PROBE_ERROR,
                 f"probe part {part.name!r} disabled after an internal error: {part.error}",
                 {"part": part.name, "error": part.error, "traceback": tb},
             )

@@ -9,6 +9,8 @@ the step tracker passed in: the runtime imports them, never the reverse.
 
 from __future__ import annotations
 
+from trainmedic.record.events import EventKind
+
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -104,7 +106,7 @@ class ProbeSeam(Protocol):
     def emit(self, message: ProbeMessage) -> None:
         """Queue ``message`` for the supervisor (any thread; never blocks)."""
 
-    def event(self, kind: str, message: str, data: dict[str, Any]) -> RunEvent:
+    def event(self, kind: EventKind, message: str, data: dict[str, Any]) -> RunEvent:
         """A run event of this process, timed now."""
 
     def adopt_training_thread(self) -> bool:

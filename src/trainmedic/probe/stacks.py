@@ -43,10 +43,7 @@ TOP_FRAMES = 8
 
 # --- what a file path says -------------------------------------------------------------
 
-_SOCKET_PATHS = tables.SOCKET_PATHS
-_FILE_PATHS = tables.FILE_PATHS
-_IPC_PATHS = tables.IPC_PATHS
-_DELEGATING_PATHS = tables.DELEGATING_PATHS
+# The socket, file, queue and delegating paths are tables.*, shared with host_states.py.
 
 # (path part, functions) pairs: only these functions of the file read files.
 _FILE_FUNCTIONS = (
@@ -61,14 +58,11 @@ _WORKER_LOOP = "/torch/utils/data/_utils/worker.py"
 
 # --- what a C call made from Python says ------------------------------------------------
 
-_FILE_CALLS = tables.FILE_CALLS
-_SOCKET_CALLS = tables.SOCKET_CALLS
-_SOCKET_NAMES = tables.SOCKET_NAMES
-
 _IPC_CALLS = frozenset({"recv_bytes", "recv_bytes_into", "poll"})
 _OTHER_CALLS = frozenset(
     {"sleep", "item", "tolist", "cpu", "numpy", "synchronize", "wait_stream", "pin_memory"}
 )
+
 
 def short_name(filename: str) -> str:
     """The last two parts of a path (``PIL/Image.py``), enough to recognise a file."""
@@ -94,18 +88,18 @@ def frame_key(frames: Sequence[FrameInfo]) -> str:
 def _path_state(frame: FrameInfo) -> str | None:
     """The state a frame's file decides, ``"ipc"`` for waits, ``"delegate"``, or ``None``."""
     path = frame.path
-    if any(p in path for p in _SOCKET_PATHS):
+    if any(p in path for p in tables.SOCKET_PATHS):
         return "socket_wait"
-    if any(p in path for p in _FILE_PATHS):
+    if any(p in path for p in tables.FILE_PATHS):
         return "file_read"
     for part, functions in _FILE_FUNCTIONS:
         if part in path and frame.function in functions:
             return "file_read"
-    if any(p in path for p in _IPC_PATHS):
+    if any(p in path for p in tables.IPC_PATHS):
         return "ipc"
     if path.endswith(_PIN_PATH) and frame.function != "_pin_memory_loop":
         return "other"
-    if any(path.endswith(p) for p in _DELEGATING_PATHS):
+    if any(path.endswith(p) for p in tables.DELEGATING_PATHS):
         return "delegate"
     return None
 
@@ -116,9 +110,9 @@ def _callee_state(callees: tuple[str, ...]) -> str | None:
     last = callees[-1]
     if last in _OTHER_CALLS:
         return "other"
-    if last in _SOCKET_CALLS or any(n in _SOCKET_NAMES for n in callees[:-1]):
+    if last in tables.SOCKET_CALLS or any(n in tables.SOCKET_NAMES for n in callees[:-1]):
         return "socket_wait"
-    if last in _FILE_CALLS:
+    if last in tables.FILE_CALLS:
         return "file_read"
     if last in _IPC_CALLS:
         return "ipc"
@@ -155,6 +149,7 @@ def classify(frames: Sequence[FrameInfo], role: str) -> str:
 
 
 # --- reading live frames ------------------------------------------------------------------
+
 
 def classify_for_role(frames: Sequence[FrameInfo], role: str) -> str:
     """:func:`classify`, except for the training thread between steps without a

@@ -20,6 +20,7 @@ from dataclasses import fields
 from typing import Any
 
 # The GPU samples' codec is part of this one (its own module for its size).
+from trainmedic.record.events import EventKind
 from trainmedic.record.gpu_codec import GPU_KEYS as GPU_KEYS
 from trainmedic.record.gpu_codec import GpuSampleDecoder as GpuSampleDecoder
 from trainmedic.record.gpu_codec import GpuSampleEncoder as GpuSampleEncoder
@@ -339,7 +340,10 @@ def decode_loader_activity(obj: Mapping[str, Any]) -> LoaderActivity:
 
 
 def encode_event(e: RunEvent) -> dict[str, Any]:
-    out: dict[str, Any] = {"t": rounded(e.t, TIME_DIGITS), "kind": e.kind, "message": e.message}
+    kind = str(e.kind)
+    if e.kind is EventKind.UNKNOWN:
+        kind = str(e.data.get("unknown_kind") or kind)  # as another version wrote it
+    out: dict[str, Any] = {"t": rounded(e.t, TIME_DIGITS), "kind": kind, "message": e.message}
     if e.pid is not None:
         out["pid"] = e.pid
     if e.data:
@@ -348,12 +352,18 @@ def encode_event(e: RunEvent) -> dict[str, Any]:
 
 
 def decode_event(obj: Mapping[str, Any]) -> RunEvent:
+    name = str_value(obj["kind"])
+    data = dict(mapping(obj.get("data") or {}))
+    kind = EventKind.parse(name)
+    if kind is None:  # written by another version: kept, under its own name
+        kind = EventKind.UNKNOWN
+        data["unknown_kind"] = name
     return RunEvent(
         t=float(obj["t"]),
-        kind=str_value(obj["kind"]),
+        kind=kind,
         message=str_value(obj["message"]),
         pid=opt_int(obj.get("pid")),
-        data=dict(mapping(obj.get("data") or {})),
+        data=data,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainmedic.record.events import EventKind
+
 META_FILE = "meta.json"
 STEPS_FILE = "steps.jsonl"
 WINDOWS_FILE = "windows.jsonl"
@@ -26,4 +28,4 @@ LINE_FILES = (
     EVENTS_FILE,
 )
 # Event kind the writer adds at close when a cap made it drop records.
-CAPPED_EVENT = "record_capped"
+CAPPED_EVENT = EventKind.RECORD_CAPPED

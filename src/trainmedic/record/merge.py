@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainmedic.record.events import EventKind
+from trainmedic.record.payloads import PROCESS_KINDS, process_starts
 from trainmedic.record.stats import summarize
 from trainmedic.record.types import RunEvent, RunMeta, RunRecord
 
@@ -120,13 +122,9 @@ OVERLAP_SLACK_S = 600.0
 def _ranks(record: RunRecord) -> set[int]:
     """The distributed ranks whose training processes the record holds."""
     ranks = {s.rank for s in record.steps if s.rank is not None}
-    for e in record.events:
-        rank = e.data.get("rank") if e.kind == "process_start" else None
-        if isinstance(rank, int) and not isinstance(rank, bool) and e.data.get("role") in (
-            None,
-            "process",
-        ):
-            ranks.add(rank)
+    for e, p in process_starts(record.events):
+        if e.kind == EventKind.PROCESS_START and p.rank is not None and p.role == "process":
+            ranks.add(p.rank)
     return ranks
 
 
@@ -237,16 +235,16 @@ def _lowest_rank(record: RunRecord) -> tuple[int, float]:
 
 
 def _node_rank(record: RunRecord) -> int | None:
-    for e in record.events:
-        if e.kind == "process_start" and isinstance(e.data.get("node_rank"), int):
-            return int(e.data["node_rank"])
+    for e, p in process_starts(record.events):
+        if e.kind == EventKind.PROCESS_START and p.node_rank is not None:
+            return p.node_rank
     return None
 
 
 def _hostname(record: RunRecord) -> str | None:
-    for e in record.events:
-        if e.kind == "process_start" and isinstance(e.data.get("node"), str):
-            return str(e.data["node"])
+    for e, p in process_starts(record.events):
+        if e.kind == EventKind.PROCESS_START and p.node is not None:
+            return p.node
     host = record.meta.environment.get("host")
     if isinstance(host, Mapping) and isinstance(host.get("hostname"), str):
         return str(host["hostname"])
@@ -299,15 +297,16 @@ def _shift_event(
     e: RunEvent, k: int, offset: float, dp: int, node: str, pid: Any
 ) -> RunEvent:
     data = dict(e.data)
-    if e.kind in ("process_start", "process_role"):
+    if e.kind in PROCESS_KINDS:
         for key in ("pid", "ppid"):
             if isinstance(data.get(key), int):
                 data[key] = data[key] + dp
         data["node"] = node
-    if e.kind in ("attempt_end", "job_start", "hang_detected") and isinstance(
-        data.get("number" if e.kind == "attempt_end" else "attempt"), int
+    attempt_kinds = (EventKind.ATTEMPT_END, EventKind.JOB_START, EventKind.HANG_DETECTED)
+    if e.kind in attempt_kinds and isinstance(
+        data.get("number" if e.kind == EventKind.ATTEMPT_END else "attempt"), int
     ):
-        key = "number" if e.kind == "attempt_end" else "attempt"
+        key = "number" if e.kind == EventKind.ATTEMPT_END else "attempt"
         data[key] = data[key] + k * ATTEMPT_STRIDE
         data["node"] = node
         for t_key in ("started_at", "ended_at", "first_step_start", "last_step_end",

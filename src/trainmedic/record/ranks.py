@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.payloads import process_starts
 from trainmedic.record.stats import StepSplit, readings_in, steady_interval, weighted_quantile
 from trainmedic.record.types import RunRecord, StepRecord
 
@@ -148,19 +149,15 @@ def rank_table(record: RunRecord) -> dict[int, RankInfo]:
     if isinstance(node_default, Mapping) and isinstance(node_default.get("hostname"), str):
         default_node = node_default["hostname"]
     table: dict[int, RankInfo] = {}
-    for e in record.events:
-        if e.kind not in ("process_start", "process_role") or e.pid is None:
+    for e, p in process_starts(record.events):
+        if e.pid is None or p.rank is None:
             continue
-        rank = _int(e.data.get("rank"))
-        if rank is None:
-            continue
-        node = e.data.get("node")
         table[e.pid] = RankInfo(
-            rank=rank,
-            local_rank=_int(e.data.get("local_rank")),
-            node=node if isinstance(node, str) else default_node,
-            node_rank=_int(e.data.get("node_rank")),
-            role=str(e.data.get("role") or "process"),
+            rank=p.rank,
+            local_rank=p.local_rank,
+            node=p.node if p.node is not None else default_node,
+            node_rank=p.node_rank,
+            role=p.role,
         )
     for s in record.steps:
         if s.rank is not None and s.pid not in table:
@@ -356,12 +353,6 @@ def _nearest(
     i = bisect.bisect_left(times, t)
     candidates = [steps[j] for j in (i - 1, i) if 0 <= j < len(steps)]
     return min(candidates, key=lambda s: abs(s.t - t))
-
-
-def _int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
 
 
 def _r(value: float | None) -> float | None:

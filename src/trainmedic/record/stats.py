@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
+from trainmedic.record.payloads import process_starts
 from trainmedic.record.spans import (
     TRAIN_PHASE,
     StepSpan,
@@ -221,13 +223,9 @@ def job_pids(record: RunRecord) -> frozenset[int]:
     """Process ids known to belong to the job: steps, loaders, activity, process starts."""
     pids = {s.pid for s in record.steps} | {w.pid for w in record.windows}
     pids |= {lo.pid for lo in record.loaders} | {a.pid for a in record.loader_activity}
-    pids |= {e.pid for e in record.events if e.kind == "process_start" and e.pid is not None}
-    for e in record.events:
-        if e.kind == "process_start":
-            for key in ("pid", "ppid"):
-                value = e.data.get(key)
-                if isinstance(value, int):
-                    pids.add(value)
+    for e, p in process_starts(record.events):
+        if e.kind == EventKind.PROCESS_START:
+            pids |= {pid for pid in (e.pid, p.pid, p.ppid) if pid is not None}
     pids.discard(0)
     return frozenset(pids)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
 
 
 @dataclass(frozen=True)
@@ -210,13 +211,13 @@ class RunEvent:
     an exception, a stall, a restart.
 
     Attributes:
-        kind: ``process_start``, ``probe_error``, ``exception``, ``stall``, ...
+        kind: what happened (:class:`~trainmedic.record.events.EventKind`).
         message: one line for a person.
         data: details (traceback text, part name, ...).
     """
 
     t: float
-    kind: str
+    kind: EventKind
     message: str
     pid: int | None = None
     data: Mapping[str, Any] = field(default_factory=dict)

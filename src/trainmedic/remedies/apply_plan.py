@@ -24,6 +24,7 @@ from typing import Any
 from trainmedic.errors import InputError
 from trainmedic.findings.model import Finding, Severity
 from trainmedic.jsonfile import describe, read_json
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunRecord
 from trainmedic.remedies.limits import MAX_IN_FLIGHT, LoaderLimits
 from trainmedic.remedies.switches import RunEvidence, plan_switches
@@ -267,8 +268,9 @@ def _carried(
     prior = context.get("apply_plan")
     if not isinstance(prior, Mapping):
         return {}, [], ()
-    applied = {e.data.get("remedy") for e in record.events if e.kind == "remedy_applied"}
-    reverted = {e.data.get("remedy") for e in record.events if e.kind == "remedy_reverted"}
+    events = record.events
+    applied = {e.data.get("remedy") for e in events if e.kind == EventKind.REMEDY_APPLIED}
+    reverted = {e.data.get("remedy") for e in events if e.kind == EventKind.REMEDY_REVERTED}
     loader: dict[str, Any] = {}
     if "dataloader" in applied and "dataloader" not in reverted:
         loader = dict(prior.get("dataloader") or {})

@@ -14,10 +14,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from trainmedic.record.events import EventKind
+
 _RUNTIME = "trainmedic.probe.runtime"
 
 
-def report_event(kind: str, message: str, data: Mapping[str, Any] | None = None) -> bool:
+def report_event(kind: EventKind, message: str, data: Mapping[str, Any] | None = None) -> bool:
     """Send one event to the run record; ``False`` when no probe is active here."""
     runtime = sys.modules.get(_RUNTIME)
     probe = None if runtime is None else runtime.current()

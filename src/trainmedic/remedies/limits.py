@@ -65,7 +65,7 @@ class LoaderLimits:
 
 def read_limits(root: str = "/", shm_path: str = "/dev/shm") -> LoaderLimits:
     """This process's limits, read now."""
-    import psutil
+    from trainmedic.host import ps
 
     cores: list[float] = [float(os.cpu_count() or 1)]
     if hasattr(os, "sched_getaffinity"):
@@ -76,7 +76,7 @@ def read_limits(root: str = "/", shm_path: str = "/dev/shm") -> LoaderLimits:
         cgroup = None
     if cgroup is not None and cgroup.cpu is not None and cgroup.cpu.quota_cores:
         cores.append(cgroup.cpu.quota_cores)
-    memory: int | None = int(psutil.virtual_memory().available)
+    memory: int | None = int(ps.virtual_memory().available)
     if cgroup is not None and cgroup.memory is not None and cgroup.memory.limit_bytes:
         used = cgroup.memory.working_set_bytes or 0
         headroom = max(0, cgroup.memory.limit_bytes - used)

@@ -392,10 +392,10 @@ def _worker_uss(iterator: Any) -> int | None:
     """Mean memory of the iterator's worker processes held by each alone (USS: pages
     shared with the parent by fork would count once per worker in RSS), bytes."""
     try:
-        import psutil
+        from trainmedic.host import ps
 
         pids = [w.pid for w in getattr(iterator, "_workers", []) if w.pid is not None]
-        sizes = [psutil.Process(pid).memory_full_info().uss for pid in pids]
+        sizes = [ps.Process(pid).memory_full_info().uss for pid in pids]
     except Exception:
         return None
     return int(sum(sizes) / len(sizes)) if sizes else None

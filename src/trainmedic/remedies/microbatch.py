@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmedic.errors import TrainmedicError, UsageError
+from trainmedic.record.events import EventKind
 from trainmedic.remedies.batches import batch_size, split
 from trainmedic.remedies.events import report_event
 from trainmedic.remedies.oom import free_memory, is_oom
@@ -172,7 +173,7 @@ class MicroBatchStep:
                 self.grow_after = min(MAX_GROW_AFTER, self.grow_after * 2)
                 growing = False
             report_event(
-                "micro_batch",
+                EventKind.MICRO_BATCH,
                 f"out of memory at {micro} samples: micro-batches of {self.micro_batch_size}",
                 {"batch_size": n, "failed": micro, "micro_batch_size": self.micro_batch_size},
             )
@@ -196,7 +197,7 @@ class MicroBatchStep:
         grown = micro * 2
         self.micro_batch_size = None if grown >= n else grown
         report_event(
-            "micro_batch",
+            EventKind.MICRO_BATCH,
             f"{self.grow_after} good steps: trying micro-batches of {min(grown, n)}",
             {"batch_size": n, "micro_batch_size": min(grown, n), "grow": True},
         )

@@ -35,6 +35,7 @@ from typing import Any
 import tenacity
 
 from trainmedic.errors import TrainmedicError
+from trainmedic.record.events import EventKind
 from trainmedic.remedies.events import report_event
 from trainmedic.remedies.wrapper import DatasetWrapper
 
@@ -183,7 +184,7 @@ class ResilientDataset(DatasetWrapper):
         if attempts:
             self.retried += 1
             report_event(
-                "sample_retried",
+                EventKind.SAMPLE_RETRIED,
                 f"{self._name(index)} loaded after {len(attempts)} retr"
                 f"{'y' if len(attempts) == 1 else 'ies'} ({attempts[-1]})",
                 {"index": index, "retries": len(attempts), "errors": attempts[-3:]},
@@ -224,7 +225,7 @@ class ResilientDataset(DatasetWrapper):
             "skipping %s: %s (%d of at most %d bad samples)", name, error, total, self.max_skips
         )
         report_event(
-            "sample_skipped",
+            EventKind.SAMPLE_SKIPPED,
             f"skipped {name}: {error}",
             {"index": index, "sample": name, "error": error, "bad_samples": total},
         )

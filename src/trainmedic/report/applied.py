@@ -15,9 +15,15 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunRecord
 
-APPLY_KINDS = ("remedy_applied", "remedy_reverted", "remedy_not_applied", "remedy_overridden")
+APPLY_KINDS = (
+    EventKind.REMEDY_APPLIED,
+    EventKind.REMEDY_REVERTED,
+    EventKind.REMEDY_NOT_APPLIED,
+    EventKind.REMEDY_OVERRIDDEN,
+)
 _MARK = {
     "remedy_applied": ("✓", "green"),
     "remedy_reverted": ("↺", "yellow"),

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainmedic.record.events import EventKind
 from trainmedic.record.stats import StepSpan, all_spans
 from trainmedic.record.types import RunRecord
 from trainmedic.report.html_page import add_figure
@@ -179,7 +180,7 @@ def step_section(record: RunRecord, clock: Clock, figures: list[dict[str, Any]])
 def _add_event_marks(fig: Any, record: RunRecord, clock: Clock) -> None:
     """Vertical dotted lines where something went wrong (stalls, exceptions, restarts)."""
     for e in record.events[:200]:
-        if e.kind in ("process_start", "record_capped"):
+        if e.kind in (EventKind.PROCESS_START, EventKind.RECORD_CAPPED):
             continue
         fig.add_vline(x=clock.x(e.t), line_dash="dot", line_color="#888", line_width=1)
 

@@ -46,7 +46,7 @@ def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
     Raises:
         RunDirectoryError: the run directory or its ``findings.json`` cannot be read.
     """
-    from trainmedic.diagnose import diagnose_run
+    from trainmedic.diagnose import diagnose_stored
     from trainmedic.findings.reading import read_findings_document
 
     path = run_dir / FINDINGS_FILE
@@ -56,10 +56,7 @@ def load_or_diagnose(run_dir: Path, record: RunRecord) -> FindingsDocument:
         raise RunDirectoryError(f"cannot read {printable(str(path))}: {exc.strerror}") from None
     if present:
         return read_findings_document(path)
-    from trainmedic.traces.windows import read_window_traces
-
-    windows = read_window_traces(run_dir).traces
-    return run_document(record, diagnose_run(record, windows=windows), rediagnosed=True)
+    return run_document(record, diagnose_stored(record, run_dir), rediagnosed=True)
 
 
 def diagnose_merged(record: RunRecord) -> FindingsDocument:

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmedic.findings.model import Category, Finding, Severity
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.goodput import AttemptTimes, Goodput, compute_goodput
 
 ATTEMPT_START = "attempt_start"
-ATTEMPT_END = "attempt_end"
-HANG_DETECTED = "hang_detected"
-REMEDY = "remedy"
+ATTEMPT_END = EventKind.ATTEMPT_END
+HANG_DETECTED = EventKind.HANG_DETECTED
+REMEDY = EventKind.REMEDY
 SUCCESS = "success"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainmedic.atomicfile import write_atomic
 from trainmedic.findings.model import Finding
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import Classification, classification_to_finding
 from trainmedic.resilience.errorfile import ErrorReport, read_error_reports
@@ -153,7 +154,7 @@ def job_start_event(attempt: Attempt, pid: int, t: float) -> RunEvent:
     number = attempt.number
     return RunEvent(
         t=t,
-        kind="job_start",
+        kind=EventKind.JOB_START,
         message=f"job started as pid {pid}" + (f" (attempt {number})" if number > 1 else ""),
         pid=pid,
         data={

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
-
+from trainmedic.host import ps
 from trainmedic.record.guard import RecordGuard
 from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.resilience.policy import DEFAULT_MAX_RESTARTS, RestartPolicy, default_policy
@@ -95,7 +94,7 @@ class CurrentJob:
         self.job = job
         self.pid = job.pid  # the first attempt's: cgroup and affinity do not change
 
-    def descendants(self) -> list[psutil.Process]:
+    def descendants(self) -> list[ps.Process]:
         return self.job.descendants()
 
 

@@ -22,6 +22,14 @@ Observe -> decide -> act, once per attempt:
 6. **act**: wait for the GPUs to let go of the old processes' memory
    (bounded), back off (interruptible), and start the next attempt.
 
+The loop's place in this cycle is an explicit state
+(:class:`~trainmedic.supervise.attempt_state.AttemptState`: starting, running,
+stopping, hung, winding down, deciding, backing off, done), held by an
+:class:`~trainmedic.supervise.attempt_state.AttemptTracker` that refuses a
+transition its table does not allow and tells the live view and the metrics.
+The job's launch, its stop and a hang's forensics are seams passed in, so the
+loop is tested with a fake job and clock (tests/supervise/test_attempt_loop.py).
+
 Per-attempt files go to ``<run dir>/attempts/<n>/`` (stacks of a hang, the
 error files of the attempt's processes, ``attempt.json``); the run record
 itself (steps, samples, events, logs) spans all attempts. What the loop is
@@ -41,6 +49,7 @@ from pathlib import Path
 from trainmedic.checkpoint import CHECKPOINT_DIR_ENV
 from trainmedic.ostext import signal_name
 from trainmedic.probe.forensics import STACKS_ENV
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import (
     Classification,
@@ -75,7 +84,8 @@ from trainmedic.supervise.attempt_setup import (
     StopRequests,
 )
 from trainmedic.supervise.attempt_setup import ResilienceOptions as ResilienceOptions
-from trainmedic.supervise.forensics import capture_hang, find_py_spy
+from trainmedic.supervise.attempt_state import AttemptState, AttemptTracker
+from trainmedic.supervise.forensics import HangForensics, capture_hang, find_py_spy
 from trainmedic.supervise.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
@@ -83,7 +93,7 @@ from trainmedic.supervise.launcher import (
 )
 from trainmedic.supervise.output import OutputPump
 from trainmedic.supervise.resume import checkpoint_dir, plan_resume
-from trainmedic.supervise.stop import stop_job
+from trainmedic.supervise.stop import StopReport, stop_job
 from trainmedic.supervise.watchdog import AttemptObservations, Watchdog
 
 ATTEMPT_ENV = "TRAINMEDIC_ATTEMPT"
@@ -110,6 +120,11 @@ class AttemptLoop:
         wait_idle: waits until the probes' connections closed (``ChannelServer.wait_idle``).
         start_observers: called once, with the first attempt's job.
         gpu_backend_kind: ``nvml``, ``simulated`` or ``none``.
+        clock / wall: monotonic and Unix seconds.
+        tracker: where the loop's state is kept and announced (:mod:`.attempt_state`).
+        launch: starts the job (:meth:`Job.start`'s signature).
+        stop: stops a hung job's whole tree within a grace (:func:`.stop.stop_job`).
+        capture: takes a hang's forensics (:func:`.forensics.capture_hang`).
     """
 
     def __init__(
@@ -129,6 +144,10 @@ class AttemptLoop:
         gpu_backend_kind: str = "none",
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        tracker: AttemptTracker | None = None,
+        launch: Callable[..., Job] = Job.start,
+        stop: Callable[[Job, float], StopReport] = stop_job,
+        capture: Callable[..., HangForensics] = capture_hang,
     ) -> None:
         self.argv = tuple(argv)
         self.cwd = cwd
@@ -144,6 +163,10 @@ class AttemptLoop:
         self._gpu_kind = gpu_backend_kind
         self._clock = clock
         self._wall = wall
+        self.states = tracker if tracker is not None else AttemptTracker(clock=clock)
+        self._launch = launch
+        self._stop = stop
+        self._capture = capture
         self.policy = options.policy(sleep=self._interruptible_sleep)
         self.current: CurrentJob | None = None
         self._oom = evidence.OomKillCounter()
@@ -165,12 +188,15 @@ class AttemptLoop:
         summaries: list[AttemptSummary] = []
         leftovers: list[int] = []
         number = 1
+        states = self.states
         while True:
             attempt = self._begin(number, env, timeout)
             timeout = attempt.timeout
             self._watch(attempt)
+            states.enter(AttemptState.WINDING_DOWN)
             returncode, ended_wall, stray = self._wind_down(attempt)
             leftovers += stray
+            states.enter(AttemptState.DECIDING)
             obs = self.watchdog.end_attempt()
             c = classify_failure(self._evidence(attempt, returncode, obs))
             reached = steps_reached(number, obs, attempt.resume)
@@ -192,12 +218,15 @@ class AttemptLoop:
             summary = self._record(attempt, c, decision, obs, returncode, ended_wall)
             summaries.append(summary)
             if not decision.restart:
+                states.enter(AttemptState.DONE)
                 return LoopResult(returncode, ended_wall, tuple(summaries), tuple(leftovers))
+            states.enter(AttemptState.BACKING_OFF)
             self._release_gpus(obs)
             if decision.wait_s > 0:
                 self.policy.sleep(decision.wait_s)
             if self.stops.requested is not None:
                 # A stop arrived during the backoff: the attempt just recorded is the last.
+                states.enter(AttemptState.DONE)
                 return LoopResult(returncode, ended_wall, tuple(summaries), tuple(leftovers))
             env = decision.next_env(env)
             applied = tuple(r.name for r in decision.remedies)
@@ -206,6 +235,9 @@ class AttemptLoop:
     # --- one attempt ---------------------------------------------------------------------------
 
     def _begin(self, number: int, env: dict[str, str], previous: StepTimeout | None) -> Attempt:
+        """``STARTING``; ``RUNNING`` once the job is launched (a launch error after the
+        first attempt leaves it starting, with nothing to watch)."""
+        self.states.start(number)
         attempt_dir = self._attempt_dir(number)
         o = self.options
         argv, resume, notice = plan_resume(
@@ -236,7 +268,7 @@ class AttemptLoop:
         self._log_offsets = [evidence.log_size(self.run_dir / name) for _, name in self.io.logs]
         self._oom_before = self._oom.read()
         try:
-            attempt.job = Job.start(
+            attempt.job = self._launch(
                 argv,
                 job_env,
                 cwd=self.cwd,
@@ -273,6 +305,7 @@ class AttemptLoop:
         else:
             self.current.job = job
         self.watchdog.begin_attempt(timeout, job.pid, explicit=self.options.explicit_timeout)
+        self.states.enter(AttemptState.RUNNING)
         return attempt
 
     def _watch(self, attempt: Attempt) -> None:
@@ -284,6 +317,8 @@ class AttemptLoop:
             now = self._clock()
             stops = self.stops
             if stops.requested is not None:
+                if self.states.now.state is AttemptState.RUNNING:
+                    self.states.enter(AttemptState.STOPPING)
                 if (
                     stops.requested == signal.SIGTERM
                     and not killed_for_grace
@@ -306,6 +341,7 @@ class AttemptLoop:
     def _hang(self, attempt: Attempt, verdict: TimeoutVerdict) -> None:
         job = attempt.job
         assert job is not None
+        self.states.enter(AttemptState.HUNG)
         attempt.verdict = verdict
         attempt.evidence = self.watchdog.evidence
         attempt.detected_wall = self._wall()
@@ -326,7 +362,7 @@ class AttemptLoop:
         verdict_info = verdict_data(verdict, attempt.evidence)
         if stopped is not None:
             verdict_info["first_stopped"] = stopped.to_data()
-        attempt.hang = capture_hang(
+        attempt.hang = self._capture(
             directory,
             self.watchdog.job_processes(),
             lead_pid=self.watchdog.focus_pid(),
@@ -338,7 +374,7 @@ class AttemptLoop:
         self._notice(f"{attempt.hang.summary} (stacks in {directory})")
         self._event(hang_event(attempt, verdict_info, directory, self.run_dir, job.pid))
         attempt.stopped_by_us = True
-        attempt.stop = stop_job(job, self.options.grace_s)
+        attempt.stop = self._stop(job, self.options.grace_s)
         if attempt.stop.survivors:
             self._notice(f"processes survived SIGKILL: {list(attempt.stop.survivors)}")
 
@@ -359,7 +395,7 @@ class AttemptLoop:
             self._event(
                 RunEvent(
                     t=self._wall(),
-                    kind="leftovers_stopped",
+                    kind=EventKind.LEFTOVERS_STOPPED,
                     message=f"stopped {len(stray)} process(es) the job left running",
                     data={"pids": stray, "attempt": attempt.number},
                 )

@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
+from trainmedic.host import ps
 from trainmedic.probe import BOOTSTRAP_DIR
 from trainmedic.probe import env as probe_env
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 
 MAX_PROCESSES = 2000
@@ -101,7 +101,7 @@ class ProcessCensus:
     started_at: float
     seen: dict[tuple[int, float], SeenProcess] = field(default_factory=dict)
 
-    def observe(self, p: psutil.Process, key: tuple[int, float], cpu_s: float, now: float) -> None:
+    def observe(self, p: ps.Process, key: tuple[int, float], cpu_s: float, now: float) -> None:
         """Note that ``p`` (inside its ``oneshot``) was alive at ``now`` with ``cpu_s`` used."""
         known = self.seen.get(key)
         if known is None:
@@ -114,20 +114,20 @@ class ProcessCensus:
         known.cpu_s = cpu_s
 
     def _describe(
-        self, p: psutil.Process, key: tuple[int, float], now: float
+        self, p: ps.Process, key: tuple[int, float], now: float
     ) -> SeenProcess | None:
         try:
             name = p.name()
-        except psutil.Error:
+        except ps.Error:
             return None
         exe: str | None
         try:
             exe = p.exe() or None
-        except (psutil.Error, OSError):
+        except (ps.Error, OSError):
             exe = None
         try:
             argv = tuple(a[:MAX_ARG_CHARS] for a in p.cmdline()[:MAX_ARGS])
-        except (psutil.Error, OSError):
+        except (ps.Error, OSError):
             argv = ()
         python = is_python(name, exe, argv[0] if argv else None)
         seen = SeenProcess(
@@ -144,7 +144,7 @@ class ProcessCensus:
             seen.flags = _startup_flags(argv)
             try:
                 environ = p.environ()
-            except (psutil.Error, OSError):
+            except (ps.Error, OSError):
                 return seen
             _note_environment(seen, environ)
         return seen
@@ -167,7 +167,7 @@ class ProcessCensus:
         python = sum(1 for s in entries if s.python)
         return RunEvent(
             t=t,
-            kind="process_census",
+            kind=EventKind.PROCESS_CENSUS,
             message=f"{len(entries)} processes seen in the job ({python} Python)",
             data={
                 "probe": probe,

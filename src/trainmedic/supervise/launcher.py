@@ -34,10 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 import trainmedic
 from trainmedic.errors import TrainmedicError
+from trainmedic.host import ps
 from trainmedic.ostext import printable
 from trainmedic.probe import BOOTSTRAP_DIR
 from trainmedic.probe import env as probe_env
@@ -347,7 +346,7 @@ class Job:
         except subprocess.TimeoutExpired:
             return None
 
-    def descendants(self) -> list[psutil.Process]:
+    def descendants(self) -> list[ps.Process]:
         """Live processes of the job: the leader's tree while it lives, plus
         processes re-parented to trainmedic (the subreaper) afterwards.
 
@@ -355,18 +354,18 @@ class Job:
         before or carries the job's mark (:data:`JOB_ENV`): trainmedic's own
         helpers, or those of a program that embeds it, are never the job's.
         """
-        found: dict[int, psutil.Process] = {}
-        with contextlib.suppress(psutil.Error):
-            leader = psutil.Process(self.pid)
-            if leader.status() != psutil.STATUS_ZOMBIE:
+        found: dict[int, ps.Process] = {}
+        with contextlib.suppress(ps.Error):
+            leader = ps.Process(self.pid)
+            if leader.status() != ps.STATUS_ZOMBIE:
                 found[leader.pid] = leader
             for p in leader.children(recursive=True):
                 found[p.pid] = p
         for p in found.values():
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(ps.Error):
                 self._members.add((p.pid, p.create_time()))
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process().children():
+        with contextlib.suppress(ps.Error):
+            for child in ps.Process().children():
                 if child.pid in (self.pid, self.pgid) or child.pid in _NOT_THE_JOB:
                     continue
                 if child.pid in found:
@@ -374,16 +373,16 @@ class Job:
                 if not self._is_member(child):
                     continue
                 found[child.pid] = child
-                with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(ps.Error):
                     for p in child.children(recursive=True):
                         found.setdefault(p.pid, p)
         return [p for p in found.values() if is_alive(p)]
 
-    def _is_member(self, proc: psutil.Process) -> bool:
+    def _is_member(self, proc: ps.Process) -> bool:
         """Whether a child of trainmedic's that is not the leader belongs to the job."""
         try:
             key = (proc.pid, proc.create_time())
-        except psutil.Error:
+        except ps.Error:
             return False
         if key in self._members:
             return True
@@ -391,7 +390,7 @@ class Job:
             return False
         try:
             marked = bool(self.token) and proc.environ().get(JOB_ENV) == self.token
-        except psutil.Error:
+        except ps.Error:
             marked = False  # gone, or its environment unreadable: not provably ours
         (self._members if marked else self._strangers).add(key)
         return marked
@@ -428,20 +427,20 @@ class Job:
         if not left:
             return []
         for p in left:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(ps.Error):
                 p.terminate()
-        _, alive = psutil.wait_procs(left, timeout=grace_s)
+        _, alive = ps.wait_procs(left, timeout=grace_s)
         for p in alive:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(ps.Error):
                 p.kill()
-        psutil.wait_procs(alive, timeout=1.0)
+        ps.wait_procs(alive, timeout=1.0)
         self.signal_group(signal.SIGKILL)  # group members psutil could not see
         return [p.pid for p in left]
 
 
-def is_alive(p: psutil.Process) -> bool:
+def is_alive(p: ps.Process) -> bool:
     """Whether ``p`` still runs (a zombie does not count)."""
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        return p.is_running() and p.status() != ps.STATUS_ZOMBIE
+    except ps.Error:
         return False

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from trainmedic.diagnose.thresholds import Thresholds
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
+from trainmedic.supervise.attempt_state import AttemptNow
 from trainmedic.supervise.processes import IgnoringSink
 
 WINDOW_STEPS = 50
@@ -60,6 +62,8 @@ class LiveStatus:
         steps_per_s / data_wait_share: over the lead's last :data:`WINDOW_STEPS` steps.
         samples_per_s: all processes together, over their recent steps.
         job_cpu_cores: the job's process tree, cores.
+        attempt / attempt_state: the restart loop's attempt and its state
+            (:mod:`trainmedic.supervise.attempt_state`; 0 and ``None`` before it starts).
     """
 
     elapsed_s: float
@@ -73,6 +77,8 @@ class LiveStatus:
     job_cpu_cores: float | None
     warnings: tuple[str, ...]
     ranks: tuple[RankNow, ...] = ()
+    attempt: int = 0
+    attempt_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class LiveAggregate(IgnoringSink):
         self._host: HostSample | None = None
         self._event_warnings: list[str] = []
         self._ooms = 0
+        self._attempt: AttemptNow | None = None
 
     # --- the sink -----------------------------------------------------------------------------
 
@@ -133,17 +140,22 @@ class LiveAggregate(IgnoringSink):
 
     def add_event(self, event: RunEvent) -> None:
         text = None
-        if event.kind == "probe_error":
+        if event.kind == EventKind.PROBE_ERROR:
             text = f"probe: {event.message}"
-        elif event.kind in ("exception", "thread_exception"):
+        elif event.kind in (EventKind.EXCEPTION, EventKind.THREAD_EXCEPTION):
             text = f"pid {event.pid}: {event.message}"
-        elif event.kind in ("sampler_error", "channel_error"):
+        elif event.kind in (EventKind.SAMPLER_ERROR, EventKind.CHANNEL_ERROR):
             text = event.message
         if text is None:
             return
         with self._lock:
             if len(self._event_warnings) < MAX_WARNINGS:
                 self._event_warnings.append(text)
+
+    def attempt_changed(self, now: AttemptNow) -> None:
+        """Listens to the restart loop (:class:`~.attempt_state.AttemptTracker`)."""
+        with self._lock:
+            self._attempt = now
 
     # --- the view's question -------------------------------------------------------------------
 
@@ -169,6 +181,7 @@ class LiveAggregate(IgnoringSink):
             host = self._host
             ranks = self._ranks_now()
             warnings = self._warnings(window, wait_share, gpus, ranks)
+            attempt = self._attempt
             return LiveStatus(
                 elapsed_s=max(0.0, now - self.started_at),
                 steps=steps,
@@ -181,6 +194,8 @@ class LiveAggregate(IgnoringSink):
                 job_cpu_cores=None if host is None else host.job_cpu_pct / 100.0,
                 warnings=warnings,
                 ranks=ranks,
+                attempt=attempt.number if attempt is not None else 0,
+                attempt_state=str(attempt.state) if attempt and attempt.state else None,
             )
 
     def _ranks_now(self) -> tuple[RankNow, ...]:

@@ -56,6 +56,10 @@ def status_fields(s: LiveStatus) -> list[str]:
     fields.extend(_gpu_text(g) for g in s.gpus)
     if s.job_cpu_cores is not None:
         fields.append(f"CPU {s.job_cpu_cores:.1f} cores")
+    if s.attempt > 1 or s.attempt_state not in (None, "running"):
+        # A restart, or the loop between runs of the job: say where it is.
+        state = (s.attempt_state or "").replace("_", " ")
+        fields.append(f"attempt {s.attempt} {state}".rstrip())
     return fields
 
 

@@ -34,9 +34,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import psutil
-
 from trainmedic.gpu.types import GpuSample
+from trainmedic.host import ps
 from trainmedic.resilience.places import Place, PlaceKind, classify_place
 from trainmedic.resilience.silence import classify_job
 from trainmedic.resilience.silence_evidence import JobEvidence, KernelView, ProcessWindow, StackView
@@ -82,7 +81,7 @@ class SilenceObserver:
 
     def __init__(
         self,
-        tree: Callable[[], list[psutil.Process]],
+        tree: Callable[[], list[ps.Process]],
         processes: Callable[[], Mapping[int, ProcessState]],
         gpus: Callable[[], Mapping[int, GpuSample]],
         clock: Callable[[], float] = time.monotonic,

@@ -30,8 +30,10 @@ from prometheus_client.registry import Collector
 from trainmedic.findings.model import Finding
 from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
 from trainmedic.resilience.incidents import ATTEMPT_END, HANG_DETECTED
+from trainmedic.supervise.attempt_state import AttemptNow, AttemptState
 from trainmedic.supervise.processes import IgnoringSink
 
 WINDOW_STEPS = 50
@@ -81,6 +83,7 @@ class Snapshot:
     hangs: int
     findings: dict[tuple[str, str], int]
     warnings: int
+    attempt_state: str | None = None
 
 
 class MetricsState(IgnoringSink):
@@ -114,6 +117,7 @@ class MetricsState(IgnoringSink):
         self._hangs = 0
         self._incident_findings: Counter[tuple[str, str]] = Counter()
         self._final: Counter[tuple[str, str]] | None = None
+        self._attempt_state: str | None = None
 
     # --- the sink ---------------------------------------------------------------------------
 
@@ -151,13 +155,13 @@ class MetricsState(IgnoringSink):
 
     def add_event(self, event: RunEvent) -> None:
         with self._lock:
-            if event.kind == "process_start" and event.pid is not None:
+            if event.kind == EventKind.PROCESS_START and event.pid is not None:
                 rank, local = event.data.get("rank"), event.data.get("local_rank")
                 self._pid_rank[event.pid] = (
                     rank if isinstance(rank, int) else None,
                     local if isinstance(local, int) else None,
                 )
-            elif event.kind == "job_start":
+            elif event.kind == EventKind.JOB_START:
                 self._attempts += 1
             elif event.kind == HANG_DETECTED:
                 self._hangs += 1
@@ -169,6 +173,11 @@ class MetricsState(IgnoringSink):
                 if isinstance(finding, dict):
                     key = (str(finding.get("severity")), str(finding.get("category")))
                     self._incident_findings[key] += 1
+
+    def attempt_changed(self, now: AttemptNow) -> None:
+        """Listens to the restart loop (:class:`~.attempt_state.AttemptTracker`)."""
+        with self._lock:
+            self._attempt_state = None if now.state is None else str(now.state)
 
     def set_findings(self, findings: Sequence[Finding]) -> None:
         """The run's final diagnosis (replaces the incidents' findings in the counts)."""
@@ -188,6 +197,7 @@ class MetricsState(IgnoringSink):
             host = self._host
             findings = dict(self._final if self._final is not None else self._incident_findings)
             attempts, restarts, hangs = self._attempts, dict(self._restarts), self._hangs
+            attempt_state = self._attempt_state
         warnings = 0
         if self.warnings is not None:
             try:
@@ -206,6 +216,7 @@ class MetricsState(IgnoringSink):
             hangs=hangs,
             findings=findings,
             warnings=warnings,
+            attempt_state=attempt_state,
         )
 
 
@@ -369,6 +380,17 @@ def _incident_families(s: Snapshot) -> Iterator[Metric]:
     )
     hangs.add_metric([s.node], float(s.hangs))
     yield hangs
+    if s.attempt_state is not None:
+        # A state set, as Prometheus names one: 1 for the current state, 0 for the others.
+        state = GaugeMetricFamily(
+            PREFIX + "attempt_state",
+            "The restart loop's state: 1 for the current one (starting, running, stopping, "
+            "hung, winding_down, deciding, backing_off, done).",
+            labels=["node", "state"],
+        )
+        for name in AttemptState:
+            state.add_metric([s.node, name.value], float(name.value == s.attempt_state))
+        yield state
     findings = GaugeMetricFamily(
         PREFIX + "findings",
         "Findings so far: the incidents' during the run, the whole diagnosis at its end.",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
 from trainmedic.host.types import HostFacts
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.simulation import Simulation
 from trainmedic.supervise.attempt_setup import CurrentJob
@@ -180,7 +181,7 @@ def _roles(table: ProcessTable) -> dict[int, str]:
 def _sampler_error(what: str, exc: BaseException, t: float) -> RunEvent:
     return RunEvent(
         t=t,
-        kind="sampler_error",
+        kind=EventKind.SAMPLER_ERROR,
         message=f"{what} stopped: {type(exc).__name__}: {exc}",
     )
 

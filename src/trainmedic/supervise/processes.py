@@ -17,6 +17,8 @@ from typing import Protocol
 
 from trainmedic.channel.wire import Goodbye, Heartbeat, Hello, ProbeMessage, TorchInfo
 from trainmedic.gpu.types import GpuSample
+from trainmedic.record.events import EventKind
+from trainmedic.record.payloads import ProcessStart
 from trainmedic.record.types import HostSample, LoaderActivity, LoaderInfo, RunEvent, StepRecord
 
 
@@ -171,7 +173,7 @@ class MessageRouter:
             self.add_event(
                 RunEvent(
                     t=message.t,
-                    kind="process_exit",
+                    kind=EventKind.PROCESS_EXIT,
                     message=f"process {message.pid} exited",
                     pid=message.pid,
                     data=usage,
@@ -186,26 +188,26 @@ class MessageRouter:
         self.add_event(
             RunEvent(
                 t=h.t,
-                kind="process_start" if new else "process_role",
+                kind=EventKind.PROCESS_START if new else EventKind.PROCESS_ROLE,
                 message=f"{h.role} {h.pid}: {what}"
                 if new
                 else f"process {h.pid} is now a {h.role}",
                 pid=h.pid,
-                data={
-                    "pid": h.pid,
-                    "ppid": h.ppid,
-                    "role": h.role,
-                    "rank": h.rank,
-                    "local_rank": h.local_rank,
-                    "node": h.node,
-                    "node_rank": h.node_rank,
-                    "world_size": h.world_size,
-                    "argv": list(h.argv),
-                    "python": h.python,
-                },
+                data=ProcessStart(
+                    pid=h.pid,
+                    ppid=h.ppid,
+                    role=h.role,
+                    rank=h.rank,
+                    local_rank=h.local_rank,
+                    node=h.node,
+                    node_rank=h.node_rank,
+                    world_size=h.world_size,
+                    argv=tuple(h.argv),
+                    python=h.python,
+                ).to_data(),
             )
         )
 
     def on_problem(self, text: str) -> None:
         """A channel problem (bad connection, failing consumer) becomes one event."""
-        self.add_event(RunEvent(t=self._wall(), kind="channel_error", message=text))
+        self.add_event(RunEvent(t=self._wall(), kind=EventKind.CHANNEL_ERROR, message=text))

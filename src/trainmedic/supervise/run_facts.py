@@ -14,6 +14,7 @@ from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
 from trainmedic.host.types import HostFacts
 from trainmedic.probe import env as probe_env
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.simulation import Simulation
 from trainmedic.supervise.processes import ProcessTable
@@ -79,7 +80,7 @@ def bootstrap_errors(run_dir: Path) -> list[RunEvent]:
         events.append(
             RunEvent(
                 t=path.stat().st_mtime,
-                kind="probe_error",
+                kind=EventKind.PROBE_ERROR,
                 message=f"probe could not load: {message}",
                 pid=int(pid_text) if pid_text.isdigit() else None,
                 data={"part": "bootstrap"},

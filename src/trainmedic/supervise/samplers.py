@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
-
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
+from trainmedic.host import ps
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import HostSample, RunEvent
 from trainmedic.supervise.census import ProcessCensus
 from trainmedic.supervise.threads import ThreadReading, ThreadSampler
@@ -130,7 +130,7 @@ class GpuSampler:
                 self._on_event(
                     RunEvent(
                         t=self._wall(),
-                        kind="sampler_error",
+                        kind=EventKind.SAMPLER_ERROR,
                         message=(
                             f"GPU sampling stopped after {self._failures} failed rounds: "
                             f"{errors[0]}"
@@ -147,15 +147,15 @@ class GpuSampler:
 
 @dataclass
 class _Seen:
-    process: psutil.Process
+    process: ps.Process
     cpu_s: float
 
 
 def usable_cores(pid: int, cgroup_quota: float | None) -> float:
     """min(logical cores, CPU affinity of ``pid``, cgroup quota)."""
     limits: list[float] = [float(os.cpu_count() or 1)]
-    with contextlib.suppress(psutil.Error, AttributeError, OSError):
-        limits.append(float(len(psutil.Process(pid).cpu_affinity() or [])) or limits[0])
+    with contextlib.suppress(ps.Error, AttributeError, OSError):
+        limits.append(float(len(ps.Process(pid).cpu_affinity() or [])) or limits[0])
     if cgroup_quota:
         limits.append(cgroup_quota)
     return min(limits)
@@ -182,7 +182,7 @@ class HostSampler:
         self,
         root_pid: int,
         sink: Callable[[HostSample], None],
-        tree: Callable[[], list[psutil.Process]] | None = None,
+        tree: Callable[[], list[ps.Process]] | None = None,
         cgroup_cpu: Callable[[], tuple[float | None, float | None]] | None = None,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -206,7 +206,7 @@ class HostSampler:
         self._monotonic = monotonic
         self.period_s = period_s
         self._seen: dict[tuple[int, float], _Seen] = {}
-        self._self = psutil.Process()
+        self._self = ps.Process()
         self._last_t: float | None = None
         self._last_wall: float | None = None
         self._last_since_boot: float | None = None
@@ -216,11 +216,11 @@ class HostSampler:
         self._last_net: tuple[int, int] | None = None
         self.pids_seen: dict[int, float] = {}
 
-    def _default_tree(self) -> list[psutil.Process]:
+    def _default_tree(self) -> list[ps.Process]:
         try:
-            root = psutil.Process(self.root_pid)
+            root = ps.Process(self.root_pid)
             return [root, *root.children(recursive=True)]
-        except psutil.Error:
+        except ps.Error:
             return []
 
     def sample_once(self) -> float:
@@ -241,7 +241,7 @@ class HostSampler:
         threads = self._read_threads(now)  # the first call takes its baseline
         self._last_wall = wall
         self._last_since_boot = since_boot
-        cpu = psutil.cpu_times()
+        cpu = ps.cpu_times()
         disk = _disk()
         net = _net()
         self_cpu = sum(self._self.cpu_times()[:2])
@@ -261,8 +261,8 @@ class HostSampler:
         if busy_pct is not None:
             others = max(0.0, busy_pct * logical - job_pct - own_pct)
         quota, throttled = self._cgroup_cpu()
-        mem = psutil.virtual_memory()
-        swap = psutil.swap_memory()
+        mem = ps.virtual_memory()
+        swap = ps.swap_memory()
         return HostSample(
             t=wall,
             job_cpu_pct=job_pct,
@@ -312,8 +312,8 @@ class HostSampler:
         if self._last_since_boot is None:
             return False
         try:
-            started = create_time - psutil.boot_time()
-        except (psutil.Error, OSError):
+            started = create_time - ps.boot_time()
+        except (ps.Error, OSError):
             return False
         return started >= self._last_since_boot - _TICK_S
 
@@ -331,7 +331,7 @@ class HostSampler:
                     rss += p.memory_info().rss
                     if self.census is not None:
                         self.census.observe(p, key, cpu_s, wall)
-            except psutil.Error:
+            except ps.Error:
                 continue
             previous = self._seen.get(key)
             # A process first seen now: count what it used since it started,
@@ -361,7 +361,7 @@ def _since_boot() -> float:
 
 
 def _cpu_shares(before: object | None, after: object) -> tuple[float | None, float | None]:
-    """(busy %, iowait %) of all logical cores between two ``psutil.cpu_times()``."""
+    """(busy %, iowait %) of all logical cores between two ``ps.cpu_times()``."""
     if before is None:
         return None, None
 
@@ -382,7 +382,7 @@ def _cpu_shares(before: object | None, after: object) -> tuple[float | None, flo
 
 
 def _steal_pct(before: object | None, after: object) -> float | None:
-    """CPU time stolen by the hypervisor between two ``psutil.cpu_times()``, percent."""
+    """CPU time stolen by the hypervisor between two ``ps.cpu_times()``, percent."""
     if before is None or getattr(after, "steal", None) is None:
         return None
     span = float(sum(after)) - float(sum(before))  # type: ignore[call-overload]
@@ -394,7 +394,7 @@ def _steal_pct(before: object | None, after: object) -> float | None:
 
 def _disk() -> tuple[int, int] | None:
     try:
-        counters = psutil.disk_io_counters()
+        counters = ps.disk_io_counters()
     except (OSError, RuntimeError):
         return None
     if counters is None:
@@ -405,7 +405,7 @@ def _disk() -> tuple[int, int] | None:
 def _net() -> tuple[int, int] | None:
     """Bytes received and sent on every interface but loopback (the channel's is not data)."""
     try:
-        per_nic = psutil.net_io_counters(pernic=True)
+        per_nic = ps.net_io_counters(pernic=True)
     except (OSError, RuntimeError):
         return None
     recv = sent = 0

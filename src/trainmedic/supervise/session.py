@@ -33,6 +33,7 @@ from trainmedic.errors import RunDirectoryError
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.factory import open_nvml_or_none
 from trainmedic.ostext import printable
+from trainmedic.record.events import EventKind
 from trainmedic.record.guard import RecordGuard, RecordLoss, WriteFn
 from trainmedic.record.store import META_FILE, RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
@@ -45,6 +46,7 @@ from trainmedic.supervise.attempt_setup import (
     ResilienceOptions,
     StopRequests,
 )
+from trainmedic.supervise.attempt_state import AttemptTracker, Listener
 from trainmedic.supervise.attempts import AttemptLoop
 from trainmedic.supervise.fallback import run_on_unsupervised
 from trainmedic.supervise.keeper import OutputKeeper
@@ -227,8 +229,12 @@ class RunSession:
             stack.callback(flusher.stop)
             stack.callback(_stop_all, observers)
             cpu0 = time.process_time()
+            listeners: tuple[Listener, ...] = (aggregate.attempt_changed,)
+            if self.metrics is not None:
+                listeners += (self.metrics.attempt_changed,)
             loop = self._attempt_loop(
-                env, mux, keeper, router, watchdog, server, start_observers, backend.kind
+                env, mux, keeper, router, watchdog, server, start_observers, backend.kind,
+                listeners,
             )
             # Signals are handled from before the job exists: a Ctrl-C while it starts
             # is delivered to it as soon as it does, never lost and never an orphan.
@@ -301,6 +307,7 @@ class RunSession:
         server: ChannelServer,
         start_observers: Callable[[CurrentJob], None],
         gpu_backend_kind: str,
+        listeners: tuple[Listener, ...] = (),
     ) -> AttemptLoop:
         options = self.options
         merged = same_destination(self.stdout_fd, self.stderr_fd)
@@ -332,6 +339,7 @@ class RunSession:
             start_observers=start_observers,
             gpu_backend_kind=gpu_backend_kind,
             wall=self.wall,
+            tracker=AttemptTracker(listeners),
         )
 
     def _wind_up(
@@ -352,7 +360,7 @@ class RunSession:
         router.add_event(
             RunEvent(
                 t=self.wall(),
-                kind="supervisor_usage",
+                kind=EventKind.SUPERVISOR_USAGE,
                 message=(
                     f"trainmedic used {cpu_s:.2f} s of CPU over {wall_s:.1f} s "
                     f"({cpu_s / wall_s:.1%} of a core)"
@@ -418,7 +426,7 @@ class RunSession:
             router.add_event(
                 RunEvent(
                     t=self.wall(),
-                    kind="keeper_error",
+                    kind=EventKind.KEEPER_ERROR,
                     message=f"the output keeper did not start ({exc}): if trainmedic is "
                     "killed, the job loses the reader of its output",
                 )

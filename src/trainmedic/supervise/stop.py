@@ -29,8 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import psutil
-
+from trainmedic.host import ps
 from trainmedic.supervise.launcher import Job, is_alive
 
 SWEEP_ROUNDS = 3
@@ -104,7 +103,7 @@ def stop_job(
         if leader_running:
             killed.add(job.pid)
         _signal_all(job, remaining, signal.SIGKILL)
-        psutil.wait_procs(remaining, timeout=KILL_WAIT_S)
+        ps.wait_procs(remaining, timeout=KILL_WAIT_S)
         job.wait(KILL_WAIT_S)
     survivors = sorted(p.pid for p in tree.values() if is_alive(p))
     if job.poll() is None:
@@ -151,7 +150,7 @@ def wait_gpu_release(
         sleep(period_s)
 
 
-def _signal_all(job: Job, procs: Iterable[psutil.Process], sig: int) -> None:
+def _signal_all(job: Job, procs: Iterable[ps.Process], sig: int) -> None:
     job.signal_group(sig)
     # A job that called setsid() left the group; only then is it sent one directly.
     with contextlib.suppress(OSError):
@@ -160,12 +159,12 @@ def _signal_all(job: Job, procs: Iterable[psutil.Process], sig: int) -> None:
     for p in procs:
         # Those in the group already got it; a second delivery is harmless,
         # but a process that left the group gets it only this way.
-        with contextlib.suppress(psutil.Error, OSError):
+        with contextlib.suppress(ps.Error, OSError):
             if p.pid != job.pid:
                 p.send_signal(sig)
 
 
-def _alive(procs: Iterable[psutil.Process], leader: int) -> bool:
+def _alive(procs: Iterable[ps.Process], leader: int) -> bool:
     return any(is_alive(p) for p in procs if p.pid != leader)
 
 

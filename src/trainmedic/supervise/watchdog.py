@@ -38,11 +38,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from trainmedic.gpu.faults import XidEvent, xid_from_report
 from trainmedic.gpu.types import GpuSample
+from trainmedic.host import ps
 from trainmedic.record import codec
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import (
     LoaderInfo,
     RunEvent,
@@ -60,10 +60,10 @@ SILENCE_MIN_S = 0.5
 EVIDENCE_SLOW_S = 1.0
 """Seconds between two evidence windows while evidence does not set the bound."""
 LAST_STEPS = 20
-RESUMED_EVENT = "checkpoint_resumed"
+RESUMED_EVENT = EventKind.CHECKPOINT_RESUMED
 """Event a Checkpointer sends through the probe after it loaded a checkpoint."""
 
-Tree = Callable[[], list[psutil.Process]]
+Tree = Callable[[], list[ps.Process]]
 
 
 MAX_XIDS = 64
@@ -235,7 +235,7 @@ class Watchdog(IgnoringSink):
                 self._num_workers = max(self._num_workers or 0, info.num_workers)
 
     def add_event(self, event: RunEvent) -> None:
-        if event.kind == "xid":
+        if event.kind == EventKind.XID:
             xid = xid_from_report(event.message, event.data)
             if xid is not None:
                 with self._lock:

@@ -28,6 +28,7 @@ from trainmedic.gpu.backend import GpuBackend, XidNotice, XidWatch
 from trainmedic.gpu.faults import GPU_AT_RE, XidEvent, parse_xid_line
 from trainmedic.gpu.types import GpuSample, normalize_pci_bus_id
 from trainmedic.host.kernel_log import KmsgFollower
+from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 
 PERIOD_S = 1.0
@@ -169,7 +170,7 @@ class XidWatcher:
         ):
             if value is not None:
                 data[key] = value
-        self._sink(RunEvent(t=self._wall(), kind="xid", message=message, data=data))
+        self._sink(RunEvent(t=self._wall(), kind=EventKind.XID, message=message, data=data))
         return index
 
     def close(self) -> None:

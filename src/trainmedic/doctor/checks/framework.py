@@ -236,7 +236,8 @@ def check_env_switch(switch: EnvSwitch, facts: MachineFacts) -> list[Finding]:
     ]
 
 
-def _switch(var: str) -> Callable[[MachineFacts], list[Finding]]:
+def switch_check(var: str) -> Callable[[MachineFacts], list[Finding]]:
+    """The check of the row of :data:`ENV_SWITCHES` for ``var``, as a doctor check."""
     row = next(s for s in ENV_SWITCHES if s.var == var)
 
     def check(facts: MachineFacts) -> list[Finding]:
@@ -245,12 +246,6 @@ def _switch(var: str) -> Callable[[MachineFacts], list[Finding]]:
     check.__name__ = f"check_{row.key}"
     check.__doc__ = row.title
     return check
-
-
-check_launch_blocking = _switch("CUDA_LAUNCH_BLOCKING")
-check_no_memory_caching = _switch("PYTORCH_NO_CUDA_MEMORY_CACHING")
-check_distributed_debug = _switch("TORCH_DISTRIBUTED_DEBUG")
-check_nccl_p2p = _switch("NCCL_P2P_DISABLE")
 
 
 @dataclass(frozen=True)
@@ -411,9 +406,6 @@ def check_alloc_conf(facts: MachineFacts) -> list[Finding]:
 
 CHECKS = (
     check_shm,
-    check_launch_blocking,
-    check_no_memory_caching,
-    check_distributed_debug,
-    check_nccl_p2p,
+    *(switch_check(row.var) for row in ENV_SWITCHES),
     check_alloc_conf,
 )
