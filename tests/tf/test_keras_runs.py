@@ -147,7 +147,12 @@ def test_a_hang_in_a_callback_is_caught_and_the_job_resumes_from_its_backup(
                       "--grace", "2"))  # fmt: skip
     assert r["rc"] == 0 and r["output"].count("stuck") == 1 and "done" in r["output"]
     ids = [f["id"] for f in r["findings"]]
-    assert ids[:2] == ["failure.hang", "restart.summary"], ids
+    # What this test is about comes first; the input rule may add a judgment of the
+    # 0.9 ms steps in between (a 20-23 % wait for the prefetched slices was seen 1 run
+    # in 20; whether so small a wait should warn is its own question).
+    assert ids[0] == "failure.hang" and "restart.summary" in ids, ids
+    assert not [i for i in ids if i.startswith(("failure.", "restart.")) and i not in
+                ("failure.hang", "restart.summary")], ids  # fmt: skip
     hang = r["findings"][0]
     assert "on_epoch_begin" in hang["title"] and "train_keras.py" in hang["title"]
     # Epoch 1 of 3 done before the hang; BackupAndRestore resumes at epoch 2 (not 1).
