@@ -1,6 +1,6 @@
 """What a Prometheus scrape of ``trainmedic run --prometheus`` costs the supervisor.
 
-A :class:`~trainmedic.supervise.metrics.MetricsState` is fed as a large node
+A :class:`~trainmedic.supervise.live.metrics.MetricsState` is fed as a large node
 would feed it (``--ranks`` ranks stepping, ``--gpus`` GPUs), then scraped over
 HTTP on 127.0.0.1 ``--scrapes`` times while a feeder thread keeps adding steps
 at ``--rate`` steps/s per rank. Reported: the scrape's latency (median, p99)
@@ -21,8 +21,8 @@ import urllib.request
 
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import RunEvent, StepRecord
-from trainmedic.supervise.metrics import MetricsState
-from trainmedic.supervise.metrics_server import ListenAddress, start_exporter
+from trainmedic.supervise.live.metrics import MetricsState
+from trainmedic.supervise.live.metrics_server import ListenAddress, start_exporter
 
 
 def feed(state: MetricsState, ranks: int, rate: float, stop: threading.Event,

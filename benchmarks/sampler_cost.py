@@ -23,9 +23,9 @@ import time
 
 import psutil
 
-from trainmedic.supervise.census import ProcessCensus
-from trainmedic.supervise.samplers import HostSampler
-from trainmedic.supervise.threads import ThreadSampler
+from trainmedic.supervise.observe.census import ProcessCensus
+from trainmedic.supervise.observe.samplers import HostSampler
+from trainmedic.supervise.observe.threads import ThreadSampler
 
 JOB = """
 import os, sys, threading, time

@@ -15,7 +15,7 @@ else that escapes is a bug.
 A run directory is something the user named, so its errors are input errors
 (exit 2) like any other unusable path. Parts add leaves beside the code that
 raises them: ``CommandNotFoundError`` and ``CommandNotExecutableError``
-(:mod:`trainmedic.supervise.launcher`), ``FactoryError`` (an ``InputError``),
+(:mod:`trainmedic.supervise.launch.launcher`), ``FactoryError`` (an ``InputError``),
 ``MicroBatchError`` and ``TooManyBadSamples`` (:mod:`trainmedic.remedies`),
 ``InconsistentFinding`` (a rule's finding that contradicts itself in a strict
 diagnosis, :mod:`trainmedic.diagnose.consistency`).

@@ -18,7 +18,7 @@ import pytest
 
 from support.processes import kill_tree
 from trainmedic.attach.access import read_problem
-from trainmedic.supervise.forensics import find_py_spy
+from trainmedic.supervise.hang.forensics import find_py_spy
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")

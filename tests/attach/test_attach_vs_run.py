@@ -33,7 +33,7 @@ from tests.e2e.corpus import BY_NAME, Env, burners, judge
 
 from support.processes import kill_tree
 from trainmedic.attach.access import read_problem
-from trainmedic.supervise.forensics import find_py_spy
+from trainmedic.supervise.hang.forensics import find_py_spy
 
 pytest.importorskip("torch")
 pytestmark = [

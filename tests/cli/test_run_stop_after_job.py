@@ -15,7 +15,7 @@ import pytest
 
 from trainmedic.cli import run_cmd
 from trainmedic.supervise import session
-from trainmedic.supervise.attempt_setup import ResilienceOptions
+from trainmedic.supervise.loop.attempt_setup import ResilienceOptions
 from trainmedic.supervise.rundir import LOCK_FILE
 
 

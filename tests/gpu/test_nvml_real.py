@@ -20,7 +20,7 @@ from trainmedic.doctor.runner import run_checks
 from trainmedic.gpu.backend import GpuBackend, sample_all
 from trainmedic.gpu.nvml import open_nvml
 from trainmedic.gpu.types import ClockEventReason, GpuSample, normalize_pci_bus_id
-from trainmedic.supervise.stop import wait_gpu_release
+from trainmedic.supervise.launch.stop import wait_gpu_release
 
 pytestmark = pytest.mark.gpu
 

@@ -26,7 +26,7 @@ REQUIRED = {
     "click": "click",
     "rich": "rich",
     "pytest": "pytest",
-    # `trainmedic run` imports it at start (supervise/session.py -> supervise/metrics.py).
+    # `trainmedic run` imports it at start (supervise/session.py -> supervise/live/metrics.py).
     "prometheus_client": "prometheus-client",
 }
 # What it can do without, and what is lost then.

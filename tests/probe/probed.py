@@ -12,7 +12,7 @@ from pathlib import Path
 from trainmedic.channel.server import ChannelServer
 from trainmedic.channel.wire import Goodbye, Hello, ProbeMessage
 from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
-from trainmedic.supervise.launcher import probe_environment
+from trainmedic.supervise.launch.launcher import probe_environment
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

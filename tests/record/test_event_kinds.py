@@ -67,3 +67,29 @@ def test_a_process_start_payload_round_trips_and_reads_wrong_types_as_absent() -
     other = RunEvent(t=1.0, kind=EventKind.XID, message="", data={"rank": 1})
     assert ProcessStart.of(other) is None
     assert [q for _, q in process_starts([other, e, odd])] == [p, ProcessStart()]
+
+
+def test_a_hang_payload_round_trips_and_reads_wrong_fields_as_absent() -> None:
+    from trainmedic.record.payloads import HangDetected
+    from trainmedic.record.types import RunEvent
+
+    hang = HangDetected(
+        attempt=2, reason="no step for 31 s (bound 30 s)", basis="steps", bound_s=30.0,
+        silent_s=31.25, quiet_s=12.5, extended=True, silence="blocked",
+        location="train.py:42 main", directory="attempts/2", files=("stacks.txt",),
+        notes=("py-spy: not installed",), forensics_s=0.75,
+        evidence={"silence": "blocked", "why": "futex"}, first_stopped={"rank": 1},
+    )  # fmt: skip
+    event = RunEvent(t=1.0, kind=EventKind.HANG_DETECTED, message="m", data=hang.to_data())
+    assert HangDetected.of(event) == hang
+    bad = RunEvent(
+        t=1.0, kind=EventKind.HANG_DETECTED, message="m",
+        data={"attempt": "2", "bound_s": float("nan"), "silent_s": -1, "extended": "yes",
+              "files": ["a", 3], "evidence": [1]},
+    )  # fmt: skip
+    read = HangDetected.of(bad)
+    assert read is not None
+    assert (read.attempt, read.bound_s, read.silent_s, read.extended) == (None, None, None, False)
+    assert read.files == ("a",) and read.evidence is None
+    other = RunEvent(t=1.0, kind=EventKind.JOB_START, message="m", data=hang.to_data())
+    assert HangDetected.of(other) is None

@@ -17,7 +17,7 @@ from trainmedic.cli.main import main
 from trainmedic.errors import UsageError
 from trainmedic.record.store import RunRecordWriter
 from trainmedic.record.types import RunMeta
-from trainmedic.supervise.resume import parse_resume_template
+from trainmedic.supervise.loop.resume import parse_resume_template
 
 from .helpers import (
     assert_one_line_error,
@@ -225,7 +225,7 @@ def test_a_malformed_resume_template_is_refused(tmp_path: Path, template: str) -
 
 
 def test_braces_are_escaped_by_doubling_them() -> None:
-    from trainmedic.supervise.resume import ResumePoint, resume_arguments
+    from trainmedic.supervise.loop.resume import ResumePoint, resume_arguments
 
     template = parse_resume_template("--cfg={{a:{step}}} {checkpoint}")
     args = resume_arguments(template, ResumePoint(Path("/c.pt"), 3, "glob"))

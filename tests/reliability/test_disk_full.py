@@ -17,8 +17,8 @@ import pytest
 from trainmedic.record.guard import RecordGuard
 from trainmedic.record.store import RunRecordWriter, load_run_record
 from trainmedic.record.types import RunEvent, RunMeta, StepRecord
-from trainmedic.supervise.launcher import OutputStream
-from trainmedic.supervise.output import OutputPump, TerminalMux
+from trainmedic.supervise.launch.launcher import OutputStream
+from trainmedic.supervise.output.stream import OutputPump, TerminalMux
 
 from .helpers import TRAINMEDIC, assert_one_line_error, can_drop_read_permission, listing
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from trainmedic.errors import InputError, RunDirectoryError, UsageError
 from trainmedic.host.nettarget import parse_target
 from trainmedic.ostext import printable
-from trainmedic.supervise.resume import ResumePoint, parse_resume_template, resume_arguments
+from trainmedic.supervise.loop.resume import ResumePoint, parse_resume_template, resume_arguments
 from trainmedic.supervise.rundir import check_run_dir
 
 from .fuzzing import FUZZ, assert_clean, run_cli

@@ -25,7 +25,7 @@ from trainmedic.channel.wire import decode_line
 from trainmedic.errors import CheckpointError
 from trainmedic.findings.model import FindingsDocument
 from trainmedic.resilience.errorfile import read_error_file
-from trainmedic.supervise.resume import newest_checkpointer_checkpoint
+from trainmedic.supervise.loop.resume import newest_checkpointer_checkpoint
 
 from .fuzzing import DEEP, FUZZ, JSON_VALUES, assert_clean, mutated, run_cli
 

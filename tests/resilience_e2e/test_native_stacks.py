@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from resilience_helpers import faulty, left_running, run_trainmedic
 
-from trainmedic.supervise.forensics import find_py_spy
+from trainmedic.supervise.hang.forensics import find_py_spy
 
 FAST = ["--timeout", "1", "--backoff", "0", "--grace", "1"]
 

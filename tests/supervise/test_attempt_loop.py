@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 
 from trainmedic.resilience.timeouts import TimeoutVerdict
-from trainmedic.supervise.attempt_setup import AttemptIO, ResilienceOptions, StopRequests
-from trainmedic.supervise.attempt_state import (
+from trainmedic.supervise.hang.forensics import HangForensics
+from trainmedic.supervise.hang.watchdog import AttemptObservations
+from trainmedic.supervise.launch.launcher import CommandNotFoundError, OutputStream
+from trainmedic.supervise.launch.stop import StopReport
+from trainmedic.supervise.loop.attempt_setup import AttemptIO, ResilienceOptions, StopRequests
+from trainmedic.supervise.loop.attempt_state import (
     AttemptNow,
     AttemptState,
     AttemptTracker,
     TransitionError,
 )
-from trainmedic.supervise.attempts import AttemptLoop
-from trainmedic.supervise.forensics import HangForensics
-from trainmedic.supervise.launcher import CommandNotFoundError, OutputStream
-from trainmedic.supervise.output import TerminalMux
-from trainmedic.supervise.stop import StopReport
-from trainmedic.supervise.watchdog import AttemptObservations
+from trainmedic.supervise.loop.attempts import AttemptLoop
+from trainmedic.supervise.output.stream import TerminalMux
 
 S = AttemptState
 

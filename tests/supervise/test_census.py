@@ -13,7 +13,12 @@ import pytest
 
 from trainmedic.probe import BOOTSTRAP_DIR
 from trainmedic.probe import env as probe_env
-from trainmedic.supervise.census import MAX_REPORTED, ProcessCensus, _startup_flags, is_python
+from trainmedic.supervise.observe.census import (
+    MAX_REPORTED,
+    ProcessCensus,
+    _startup_flags,
+    is_python,
+)
 
 
 @pytest.mark.parametrize(

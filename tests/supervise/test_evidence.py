@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainmedic.gpu.types import EccCounts, GpuSample, RemappedRows
 from trainmedic.resilience.classify import GpuRef
-from trainmedic.supervise.evidence import (
+from trainmedic.supervise.loop.evidence import (
     collect_error_reports,
     gpu_faults,
     oom_kill_delta,

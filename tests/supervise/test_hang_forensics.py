@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmedic.supervise import forensics
-from trainmedic.supervise.stack_dumps import (
+from trainmedic.supervise.hang import forensics
+from trainmedic.supervise.hang.stack_dumps import (
     JobProcess,
     ProcessStacks,
     StackFrame,

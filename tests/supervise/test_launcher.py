@@ -12,14 +12,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainmedic.supervise.launcher import (
+from trainmedic.supervise.launch.launcher import (
     CommandNotExecutableError,
     CommandNotFoundError,
     Job,
     exit_status,
     probe_environment,
 )
-from trainmedic.supervise.signals import SignalForwarder
+from trainmedic.supervise.launch.signals import SignalForwarder
 
 
 def read_all(fd: int) -> bytes:

@@ -7,9 +7,9 @@ import pytest
 from support import builders
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
-from trainmedic.supervise.attempt_state import AttemptNow, AttemptState
-from trainmedic.supervise.live import MIN_CERTAIN_STEPS, LiveAggregate
-from trainmedic.supervise.live_view import LiveView, plain_line, render_panel
+from trainmedic.supervise.live.status import MIN_CERTAIN_STEPS, LiveAggregate
+from trainmedic.supervise.live.view import LiveView, plain_line, render_panel
+from trainmedic.supervise.loop.attempt_state import AttemptNow, AttemptState
 
 GIB = 1024**3
 

@@ -16,9 +16,9 @@ import pytest
 
 from trainmedic.channel.wire import Heartbeat, Hello
 from trainmedic.resilience.silence_evidence import Silence
-from trainmedic.supervise import procview
-from trainmedic.supervise.liveness import SilenceObserver
-from trainmedic.supervise.processes import ProcessState
+from trainmedic.supervise.hang.liveness import SilenceObserver
+from trainmedic.supervise.observe import procview
+from trainmedic.supervise.observe.processes import ProcessState
 
 pytestmark = pytest.mark.skipif(not procview.exists(), reason="needs /proc")
 

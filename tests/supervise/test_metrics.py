@@ -14,9 +14,9 @@ from trainmedic.errors import UsageError
 from trainmedic.findings.model import Category, Finding, Severity
 from trainmedic.gpu.types import ClockEventReason
 from trainmedic.record.types import RunEvent, StepRecord
-from trainmedic.supervise.attempt_state import AttemptNow, AttemptState
-from trainmedic.supervise.metrics import MetricsCollector, MetricsState
-from trainmedic.supervise.metrics_server import ListenAddress, parse_listen, start_exporter
+from trainmedic.supervise.live.metrics import MetricsCollector, MetricsState
+from trainmedic.supervise.live.metrics_server import ListenAddress, parse_listen, start_exporter
+from trainmedic.supervise.loop.attempt_state import AttemptNow, AttemptState
 
 
 def samples(state: MetricsState) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -170,7 +170,7 @@ def test_every_documented_and_dashboard_metric_is_served() -> None:
 def test_a_connection_that_sends_nothing_is_closed_and_scrapes_go_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainmedic.supervise import metrics_server
+    from trainmedic.supervise.live import metrics_server
 
     monkeypatch.setattr(metrics_server, "REQUEST_TIMEOUT_S", 0.3)
     exporter = start_exporter(fed_state(), ListenAddress("127.0.0.1", 0))
@@ -191,7 +191,7 @@ def test_a_connection_that_sends_nothing_is_closed_and_scrapes_go_on(
                          ("0.0.0.0", True), ("192.168.1.5", True), ("::", True)],
 )  # fmt: skip
 def test_an_address_other_machines_reach_is_told_apart(host: str, others: bool) -> None:
-    from trainmedic.supervise.metrics_server import reachable_from_others
+    from trainmedic.supervise.live.metrics_server import reachable_from_others
 
     assert reachable_from_others(ListenAddress(host, 9400)) is others
 

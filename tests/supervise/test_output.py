@@ -8,8 +8,8 @@ import termios
 import threading
 from pathlib import Path
 
-from trainmedic.supervise.launcher import OutputStream
-from trainmedic.supervise.output import OutputPump, TerminalMux
+from trainmedic.supervise.launch.launcher import OutputStream
+from trainmedic.supervise.output.stream import OutputPump, TerminalMux
 
 
 class Pipes:

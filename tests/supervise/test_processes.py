@@ -6,7 +6,7 @@ from typing import Any
 
 from trainmedic.channel.wire import Goodbye, Heartbeat, Hello, TorchInfo
 from trainmedic.record.types import LoaderActivity, LoaderInfo, RunEvent, StepRecord
-from trainmedic.supervise.processes import MessageRouter, ProcessTable
+from trainmedic.supervise.observe.processes import MessageRouter, ProcessTable
 
 
 class ListSink:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainmedic.errors import UsageError
-from trainmedic.supervise.resume import (
+from trainmedic.supervise.loop.resume import (
     ResumePoint,
     checkpoint_dir,
     newest_checkpoint,

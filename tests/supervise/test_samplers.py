@@ -14,7 +14,7 @@ import pytest
 from trainmedic.gpu.simulated import SimulatedBackend
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import HostSample, RunEvent
-from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
+from trainmedic.supervise.observe.samplers import GpuSampler, HostSampler, SamplerThread
 
 
 def make_backend(gpus: int = 2) -> SimulatedBackend:
@@ -183,8 +183,8 @@ def test_the_host_reading_carries_the_training_threads_counters_and_the_census(
     busy_job: psutil.Process,
 ) -> None:
     from trainmedic.host.schedstat import schedstat_available
-    from trainmedic.supervise.census import ProcessCensus
-    from trainmedic.supervise.threads import ROLE_TRAIN, ThreadSampler
+    from trainmedic.supervise.observe.census import ProcessCensus
+    from trainmedic.supervise.observe.threads import ROLE_TRAIN, ThreadSampler
 
     if not schedstat_available():
         pytest.skip("kernel keeps no scheduler statistics")

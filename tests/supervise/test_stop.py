@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from trainmedic.supervise.launcher import Job
-from trainmedic.supervise.stop import caught_signals, stop_job, wait_gpu_release
+from trainmedic.supervise.launch.launcher import Job
+from trainmedic.supervise.launch.stop import caught_signals, stop_job, wait_gpu_release
 
 # A leader that ignores SIGTERM, with a child in the group that ignores it too and a
 # grandchild in a session of its own (it left the group). Each writes its pid.
@@ -112,8 +112,8 @@ def test_caught_signals_reads_the_handler_mask() -> None:
 # has a helper child of its own that is not the job (a resource tracker, a keeper).
 ADOPTING_SUPERVISOR = """
 import json, os, subprocess, sys, time
-from trainmedic.supervise.launcher import Job, become_subreaper
-from trainmedic.supervise.stop import stop_job
+from trainmedic.supervise.launch.launcher import Job, become_subreaper
+from trainmedic.supervise.launch.stop import stop_job
 assert become_subreaper()
 helper = subprocess.Popen(["sleep", "60"])
 orphan_file = sys.argv[1]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from trainmedic.host.schedstat import TaskTimes
-from trainmedic.supervise.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
+from trainmedic.supervise.observe.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
 
 S = 1_000_000_000  # ns
 
@@ -119,8 +119,8 @@ def test_costly_readings_are_spread_out_to_stay_within_the_budget() -> None:
 
 def test_roles_come_from_what_the_probes_said() -> None:
     from trainmedic.channel.wire import Heartbeat, Hello
-    from trainmedic.supervise.observers import _roles
-    from trainmedic.supervise.processes import ProcessTable
+    from trainmedic.supervise.observe.observers import _roles
+    from trainmedic.supervise.observe.processes import ProcessTable
 
     table = ProcessTable()
 

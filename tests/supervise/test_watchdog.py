@@ -8,8 +8,8 @@ from trainmedic.channel.wire import Heartbeat, Hello, TorchInfo
 from trainmedic.record.types import LoaderInfo, RunEvent, StepRecord
 from trainmedic.resilience.silence_evidence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutConfig
-from trainmedic.supervise.processes import ProcessTable
-from trainmedic.supervise.watchdog import Watchdog
+from trainmedic.supervise.hang.watchdog import Watchdog
+from trainmedic.supervise.observe.processes import ProcessTable
 
 WALL0 = 1_000_000.0
 PID = 4242

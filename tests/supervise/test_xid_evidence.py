@@ -5,8 +5,8 @@ from __future__ import annotations
 from trainmedic.gpu.faults import xid_from_report
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import FailureEvidence, classify_failure
-from trainmedic.supervise.processes import ProcessTable
-from trainmedic.supervise.watchdog import Watchdog
+from trainmedic.supervise.hang.watchdog import Watchdog
+from trainmedic.supervise.observe.processes import ProcessTable
 
 NVML_79 = RunEvent(
     t=100.0,

@@ -10,7 +10,7 @@ from trainmedic.gpu.simulated import SimulatedBackend
 from trainmedic.gpu.types import GpuSample
 from trainmedic.host.kernel_log import KmsgFollower, read_driver_lines, split_record
 from trainmedic.record.types import RunEvent
-from trainmedic.supervise.xid_watch import XidWatcher
+from trainmedic.supervise.observe.xid_watch import XidWatcher
 
 GPUS = {
     0: GpuSample(0.0, 0, "NVIDIA H100", "GPU-aaaa", pci_bus_id="0000:01:00.0"),

@@ -1,7 +1,7 @@
 """The GPUs a watched job uses, and their readings over the window (NVML, or a simulation).
 
 A :class:`GpuWatch` reads every GPU of the backend through the supervisor's own
-sampler (:class:`~trainmedic.supervise.samplers.GpuSampler`: once a second,
+sampler (:class:`~trainmedic.supervise.observe.samplers.GpuSampler`: once a second,
 stretched when a reading costs more) on a thread of its own while the stacks
 are sampled. The job's GPUs are those whose NVML process list holds one of its
 pids; inside a container NVML may list the host's pids instead, so the GPU
@@ -20,7 +20,7 @@ from typing import Any
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.types import RunEvent
-from trainmedic.supervise.samplers import GpuSampler, SamplerThread
+from trainmedic.supervise.observe.samplers import GpuSampler, SamplerThread
 
 _DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
 

@@ -24,7 +24,12 @@ from trainmedic.attach.tree import JobTree, find_job
 from trainmedic.errors import InputError
 from trainmedic.gpu.backend import GpuBackend, NoGpuBackend
 from trainmedic.host.schedstat import TaskTimes, read_tasks
-from trainmedic.supervise.procview import ProcSnapshot, fd_target, read_process, socket_peers
+from trainmedic.supervise.observe.procview import (
+    ProcSnapshot,
+    fd_target,
+    read_process,
+    socket_peers,
+)
 
 
 @dataclass(frozen=True)

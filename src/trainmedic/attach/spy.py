@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmedic.supervise.forensics import find_py_spy
+from trainmedic.supervise.hang.forensics import find_py_spy
 
 DEFAULT_RATE = 50
 """Samples a second per thread: 1,500 in the default 30 s, a share known to ±2.5 %."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from trainmedic.errors import InputError
 from trainmedic.host import ps
-from trainmedic.supervise.census import is_python
+from trainmedic.supervise.observe.census import is_python
 
 ROLES = ("training", "worker", "launcher", "python", "other")
 MAX_PROCESSES = 512

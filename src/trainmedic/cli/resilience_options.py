@@ -1,7 +1,7 @@
 """The options of ``trainmedic run`` that keep a job alive: timeouts, restarts, resume.
 
 :func:`resilience_options` adds them to a command and hands the command one
-:class:`~trainmedic.supervise.attempts.ResilienceOptions` (keyword
+:class:`~trainmedic.supervise.loop.attempts.ResilienceOptions` (keyword
 ``resilience``) instead of ten loose values; bad values are usage errors
 (exit 2, one line). docs/restarts.md explains each.
 """
@@ -196,8 +196,8 @@ def build_resilience(
 ) -> Any:
     """The :class:`ResilienceOptions` for these option values."""
     from trainmedic.resilience.timeouts import TimeoutConfig
-    from trainmedic.supervise.attempts import ResilienceOptions
-    from trainmedic.supervise.resume import parse_resume_template
+    from trainmedic.supervise.loop.attempts import ResilienceOptions
+    from trainmedic.supervise.loop.resume import parse_resume_template
 
     fixed = _seconds("--timeout", timeout_s)
     startup = _seconds("--startup-timeout", startup_timeout_s)

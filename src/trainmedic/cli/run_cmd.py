@@ -31,8 +31,8 @@ from trainmedic.report.run_findings import run_document
 
 if TYPE_CHECKING:
     from trainmedic.record.types import RunRecord
-    from trainmedic.supervise.attempts import ResilienceOptions
-    from trainmedic.supervise.metrics_server import Exporter
+    from trainmedic.supervise.live.metrics_server import Exporter
+    from trainmedic.supervise.loop.attempts import ResilienceOptions
     from trainmedic.supervise.session import RunOutcome
     from trainmedic.traces.windows import WindowTrace
 
@@ -107,7 +107,7 @@ def run(
     job restarted with remedies and resumed from its last checkpoint
     (docs/restarts.md); a bug is not restarted."""
     from trainmedic.simulation import load_simulation
-    from trainmedic.supervise.launcher import resolve_command
+    from trainmedic.supervise.launch.launcher import resolve_command
     from trainmedic.supervise.rundir import default_run_dir
 
     argv = tuple(command)
@@ -133,7 +133,7 @@ def run(
             raise UsageError(wrong)
     listen = None
     if prometheus is not None:
-        from trainmedic.supervise.metrics_server import parse_listen
+        from trainmedic.supervise.live.metrics_server import parse_listen
 
         listen = parse_listen(prometheus)
     environ = dict(os.environ)
@@ -157,8 +157,8 @@ def run(
     with contextlib.ExitStack() as stack:
         exporter = None
         if listen is not None:
-            from trainmedic.supervise.metrics import MetricsState
-            from trainmedic.supervise.metrics_server import start_exporter
+            from trainmedic.supervise.live.metrics import MetricsState
+            from trainmedic.supervise.live.metrics_server import start_exporter
 
             # Bound before anything is created: a port in use is a usage error.
             exporter = start_exporter(MetricsState(printable(run_dir.name)), listen)
@@ -190,7 +190,7 @@ def _run(
     run_dir = prepared.path  # a default name another run took first moves on
     if exporter is not None:
         _say(f"trainmedic: metrics at {exporter.url}")
-        from trainmedic.supervise.metrics_server import reachable_from_others
+        from trainmedic.supervise.live.metrics_server import reachable_from_others
 
         if reachable_from_others(exporter.address):
             _say(

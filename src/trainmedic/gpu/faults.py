@@ -21,6 +21,9 @@ reason and every out-of-memory message.
 
 Levels are finding severities as plain strings (``"error"``, ``"warning"``,
 ``"info"``): this layer sits below the finding model.
+
+Why one module of this length: it is the one home of these facts (docs/architecture.md,
+"One home for each fact"); most of its lines are the tables themselves.
 """
 
 from __future__ import annotations

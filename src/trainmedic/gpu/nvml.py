@@ -38,6 +38,10 @@ How real drivers answer, and what follows:
   timed out may still be inside NVML): ``nvmlShutdown`` under a running call
   frees what that call uses. When they do not end in time, NVML is left to
   the process's exit.
+
+Why one module of this length: it is the only importer of NVML, so every driver quirk
+above lives behind one seam (:class:`~trainmedic.gpu.backend.GpuBackend`); split, the
+quirks would leak into callers.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainmedic import jsonfile
 from trainmedic.errors import SimulationFileError
+from trainmedic.gpu import fields as gpu_fields
 from trainmedic.gpu.faults import GPU_AT_RE, parse_xid_line
 from trainmedic.gpu.types import (
     ClockEventReason,
@@ -30,55 +31,22 @@ from trainmedic.gpu.types import (
     normalize_pci_bus_id,
 )
 
-# field -> accepted JSON types; ``None`` is accepted for every optional field.
-_NUMBER = (int, float)
+# field -> accepted JSON types (``None`` is accepted for every optional field), derived
+# from the one description of GpuSample's fields.
+_NUMBER = gpu_fields.JSON_TYPES["float"]
 _SCALARS: dict[str, tuple[type, ...]] = {
-    "memory_total_bytes": (int,),
-    "memory_used_bytes": (int,),
-    "utilization_gpu_pct": _NUMBER,
-    "utilization_memory_pct": _NUMBER,
-    "temperature_c": _NUMBER,
-    "temperature_slowdown_c": _NUMBER,
-    "temperature_shutdown_c": _NUMBER,
-    "power_draw_w": _NUMBER,
-    "power_limit_w": _NUMBER,
-    "sm_clock_mhz": _NUMBER,
-    "sm_clock_max_mhz": _NUMBER,
-    "clock_event_reasons": (int,),
-    "retired_pages_pending": (bool,),
-    "persistence_mode": (bool,),
-    "mig_mode": (bool,),
-    "processes_unreadable": (str,),
-    "unreachable": (str,),
-    "unavailable": (str,),
-    "fabric": (str,),
+    f.name: gpu_fields.JSON_TYPES[f.kind] for f in gpu_fields.SCALARS if f.simulated
 }
+
+
+def _members(*groups: gpu_fields.Group) -> dict[str, tuple[type, ...]]:
+    return {m: gpu_fields.JSON_TYPES[kind] for g in groups for m, kind in g.members}
+
+
 _GROUPS: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
-    "ecc": (
-        EccCounts,
-        {
-            "volatile_corrected": (int,),
-            "volatile_uncorrected": (int,),
-            "aggregate_corrected": (int,),
-            "aggregate_uncorrected": (int,),
-        },
-    ),
-    "remapped_rows": (
-        RemappedRows,
-        {"correctable": (int,), "uncorrectable": (int,), "pending": (bool,), "failure": (bool,)},
-    ),
-    "pcie": (
-        PcieLink,
-        {
-            "gen_current": (int,),
-            "gen_max": (int,),
-            "gen_gpu_max": (int,),
-            "width_current": (int,),
-            "width_max": (int,),
-            "tx_kib_per_s": (int,),
-            "rx_kib_per_s": (int,),
-        },
-    ),
+    "ecc": (EccCounts, _members(gpu_fields.ECC)),
+    "remapped_rows": (RemappedRows, _members(gpu_fields.REMAPPED_ROWS)),
+    "pcie": (PcieLink, _members(gpu_fields.PCIE_LINK, gpu_fields.PCIE_TRAFFIC)),
 }
 _REASON_BY_NAME = {
     flag.name.lower(): flag
@@ -100,13 +68,7 @@ _KNOWN_GPU_KEYS = (
         "series",
     }
 )
-_MIG_FIELDS: dict[str, tuple[type, ...]] = {
-    "uuid": (str,),
-    "gpu_instance_id": (int,),
-    "compute_instance_id": (int,),
-    "memory_total_bytes": (int,),
-    "memory_used_bytes": (int,),
-}
+_MIG_FIELDS = _members(gpu_fields.MIG_DEVICES)
 _PCI_RE = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?$")
 
 _MISSING: Any = object()

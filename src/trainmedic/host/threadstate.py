@@ -10,7 +10,7 @@ by a parent for its children; each read costs a few microseconds.
 
 :func:`parse_syscall` and :func:`kernel_class` are pure; :func:`read_kernel_state`
 reads one thread. The system-call table is the one home of those numbers:
-the supervisor's view of a silent job (:mod:`trainmedic.supervise.procview`)
+the supervisor's view of a silent job (:mod:`trainmedic.supervise.observe.procview`)
 reads it too.
 """
 

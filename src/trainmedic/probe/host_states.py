@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from trainmedic.probe import frame_tables as tables
+from trainmedic import frame_tables as tables
 from trainmedic.probe.frames import FrameInfo, is_library
 
 _LOG_PATHS = (

@@ -23,6 +23,10 @@ requests are :mod:`trainmedic.probe.incidents`'.
 A forked child (a DataLoader worker with the fork start method, or the job's
 own ``multiprocessing``) inherits this object: the fork handler resets it so
 the child reports as its own process, over its own connection.
+
+Why one module of this length: it is the probe's one state object and its lifecycle
+(activate, fork, exit), which must change together; the hooks, the agent and the
+incidents it serves are modules of their own.
 """
 
 from __future__ import annotations

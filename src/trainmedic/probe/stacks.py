@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from types import FrameType
 
-from trainmedic.probe import frame_tables as tables
+from trainmedic import frame_tables as tables
 from trainmedic.probe.frames import CACHE_MAX, FrameInfo, callee_names, is_library
 from trainmedic.record.sample_states import DELIVERED, WAIT_STATES, WAITS
 from trainmedic.record.types import LoaderActivity

@@ -9,10 +9,11 @@ sample from the one before it. :data:`GPU_KEYS` is the key table
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from trainmedic.gpu import fields as gpu_fields
 from trainmedic.gpu.types import EccCounts, GpuProcess, GpuSample, MigDevice, RemappedRows
 from trainmedic.record.values import (
     PCT_DIGITS,
@@ -27,96 +28,17 @@ from trainmedic.record.values import (
 
 # --- GPU samples (delta-encoded per GPU) ----------------------------------------------
 
-# GpuSample field -> key in gpu.jsonl. ``ecc``, ``remapped_rows``, the PCIe link
-# and ``processes`` are arrays (orders in _ECC, _ROWS, _LINK, _PROC).
-GPU_KEYS: dict[str, str] = {
-    "timestamp": "t",
-    "index": "i",
-    "name": "nm",
-    "uuid": "id",
-    "memory_total_bytes": "mt",
-    "memory_used_bytes": "mu",
-    "utilization_gpu_pct": "ug",
-    "utilization_memory_pct": "um",
-    "temperature_c": "tc",
-    "temperature_slowdown_c": "tsd",
-    "temperature_shutdown_c": "tsh",
-    "power_draw_w": "pw",
-    "power_limit_w": "pl",
-    "sm_clock_mhz": "sm",
-    "sm_clock_max_mhz": "smx",
-    "clock_event_reasons": "ce",
-    "ecc": "ecc",
-    "retired_pages_pending": "rpp",
-    "remapped_rows": "rr",
-    "pcie_link": "lk",
-    "pcie_traffic": "tr",
-    "processes": "pr",
-    "persistence_mode": "pm",
-    "compute_capability": "cc",
-    "pci_bus_id": "pci",
-    "mig_mode": "mig",
-    "mig_devices": "migd",
-    "processes_unreadable": "pru",
-    "unreachable": "un",
-    "unavailable": "na",
-    "fabric": "fab",
-}
-_ECC = (
-    "volatile_corrected",
-    "volatile_uncorrected",
-    "aggregate_corrected",
-    "aggregate_uncorrected",
-)
-_ROWS = ("correctable", "uncorrectable", "pending", "failure")
-_LINK = ("gen_current", "gen_max", "gen_gpu_max", "width_current", "width_max")
-_TRAFFIC = ("tx_kib_per_s", "rx_kib_per_s")
-_PROC = ("pid", "used_memory_bytes", "user", "name")
-_MIG = (
-    "uuid",
-    "gpu_instance_id",
-    "compute_instance_id",
-    "memory_total_bytes",
-    "memory_used_bytes",
-)
-_GPU_TEXTS = (
-    "name",
-    "uuid",
-    "pci_bus_id",
-    "processes_unreadable",
-    "unreachable",
-    "unavailable",
-    "fabric",
-)
-_GPU_SCALARS = (
-    *_GPU_TEXTS,
-    "mig_mode",
-    "memory_total_bytes",
-    "memory_used_bytes",
-    "utilization_gpu_pct",
-    "utilization_memory_pct",
-    "temperature_c",
-    "temperature_slowdown_c",
-    "temperature_shutdown_c",
-    "power_draw_w",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-    "clock_event_reasons",
-    "retired_pages_pending",
-    "persistence_mode",
-)
-_GPU_ROUNDED = (
-    "utilization_gpu_pct",
-    "utilization_memory_pct",
-    "temperature_c",
-    "temperature_slowdown_c",
-    "temperature_shutdown_c",
-    "power_draw_w",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-)
+GPU_KEYS: dict[str, str] = gpu_fields.record_keys()
+"""GpuSample field -> key in gpu.jsonl (derived from :mod:`trainmedic.gpu.fields`)."""
+_ECC = gpu_fields.ECC.member_names
+_ROWS = gpu_fields.REMAPPED_ROWS.member_names
+_LINK = gpu_fields.PCIE_LINK.member_names
+_TRAFFIC = gpu_fields.PCIE_TRAFFIC.member_names
+_PROC = gpu_fields.PROCESSES.member_names
+_MIG = gpu_fields.MIG_DEVICES.member_names
+_SCALAR_KINDS = {f.name: f.kind for f in gpu_fields.SCALARS}
+_GPU_SCALARS = tuple(_SCALAR_KINDS)
+_GPU_ROUNDED = frozenset(f.name for f in gpu_fields.SCALARS if f.rounded)
 
 
 def _gpu_fields(s: GpuSample) -> dict[str, Any]:
@@ -192,14 +114,8 @@ class GpuSampleDecoder:
             raw = obj[key]
             if name == "name":
                 changes[name] = str_value(raw)
-            elif name in _GPU_TEXTS:
-                changes[name] = None if raw is None else str_value(raw)
-            elif name in ("memory_total_bytes", "memory_used_bytes", "clock_event_reasons"):
-                changes[name] = opt_int(raw)
-            elif name in ("retired_pages_pending", "persistence_mode", "mig_mode"):
-                changes[name] = opt_bool(raw)
             else:
-                changes[name] = opt_float(raw)
+                changes[name] = _DECODE[_SCALAR_KINDS[name]](raw)
         if k["ecc"] in obj:
             changes["ecc"] = EccCounts(*_ints(obj[k["ecc"]], len(_ECC)))
         if k["remapped_rows"] in obj:
@@ -229,6 +145,18 @@ class GpuSampleDecoder:
         sample = replace(base, **changes)
         self._last[index] = sample
         return sample
+
+
+def _opt_text(raw: Any) -> str | None:
+    return None if raw is None else str_value(raw)
+
+
+_DECODE: dict[gpu_fields.Kind, Callable[[Any], Any]] = {
+    "text": _opt_text,
+    "int": opt_int,
+    "float": opt_float,
+    "bool": opt_bool,
+}
 
 
 def _array(raw: Any, length: int | None) -> list[Any]:

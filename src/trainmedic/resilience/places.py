@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from trainmedic import frame_tables
+
 
 class PlaceKind(str, Enum):
     SLEEP = "sleep"
@@ -175,14 +177,7 @@ _CHILD_MODULES = ("subprocess",)
 _CHILD_CALLS = frozenset(
     {"waitpid", "wait3", "wait4", "waitid", "communicate", "check_call", "check_output", "run"}
 )
-_SOCKET_MODULES = tuple(
-    _words(
-        "socket ssl http.client urllib urllib3 requests httpx httpcore aiohttp botocore boto3 "
-        "s3transfer s3fs gcsfs adlfs google.cloud.storage google.resumable_media "
-        "azure.storage fsspec.implementations.http smart_open grpc paramiko ftplib websocket "
-        "websockets redis pymongo webdataset.gopen huggingface_hub"
-    )
-)
+_SOCKET_MODULES = frame_tables.NETWORK_LIBRARIES
 _SOCKET_CALLS = frozenset(
     _words(
         "recv recv_into recvfrom recvfrom_into recvmsg accept connect create_connection "
@@ -192,15 +187,15 @@ _SOCKET_CALLS = frozenset(
 )
 _SOCKET_IO = frozenset({"read", "readinto", "write", "recv", "send"})
 _SOCKET_NAMES = frozenset({"sock", "socket", "_sock", "conn", "connection", "session", "client"})
-_FILE_MODULES = tuple(
-    _words(
-        "torch.serialization torch.distributed.checkpoint torch.hub pickle _pickle zipfile "
-        "tarfile shutil gzip bz2 lzma zlib zstandard lz4 io _pyio codecs json csv "
-        "numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format numpy.lib._format_impl "
-        "numpy.core.memmap numpy._core.memmap h5py safetensors PIL imageio cv2 torchvision.io "
-        "torchaudio soundfile pyarrow pandas.io datasets lmdb tensorboard orjson msgpack "
-        "joblib fsspec"
-    )
+# Parked in a serialiser, a compressor or a codec is file work too (a thread silent in
+# ``pickle.dump`` or ``cv2.imread``): the readers of files, and these.
+_FILE_MODULES = (
+    *frame_tables.FILE_LIBRARIES,
+    *_words(
+        "torch.distributed.checkpoint torch.hub pickle _pickle zlib zstandard lz4 io codecs "
+        "json csv PIL cv2 torchvision.io torchaudio pyarrow pandas.io datasets tensorboard "
+        "orjson msgpack joblib fsspec"
+    ),
 )
 _FILE_CALLS = frozenset(
     _words(

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
-from trainmedic.supervise.attempt_setup import LoopResult
-from trainmedic.supervise.attempts import LEFTOVER_GRACE_S, OUTPUT_DRAIN_S, AttemptLoop
+from trainmedic.supervise.loop.attempt_setup import LoopResult
+from trainmedic.supervise.loop.attempts import LEFTOVER_GRACE_S, OUTPUT_DRAIN_S, AttemptLoop
 
 SUPERVISOR_ERROR = EventKind.SUPERVISOR_ERROR
 """Event kind of a supervisor bug that stopped the supervision of a running job."""

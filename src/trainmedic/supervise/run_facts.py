@@ -17,7 +17,7 @@ from trainmedic.probe import env as probe_env
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.simulation import Simulation
-from trainmedic.supervise.processes import ProcessTable
+from trainmedic.supervise.observe.processes import ProcessTable
 
 
 def machine_facts(

@@ -8,8 +8,11 @@ ends, the session winds everything down in an order that loses nothing
 (output drained, leftovers stopped, probes' last messages read, record
 closed) and returns a :class:`RunOutcome`. Diagnosis and reports are the
 caller's (the ``run`` command). The samplers, live view and host facts are
-in :mod:`.observers`; what the record keeps about the machine, in
+in :mod:`.observe.observers`; what the record keeps about the machine, in
 :mod:`.run_facts`.
+
+Why one module of this length: it owns the run's resources on one ``ExitStack`` and
+winds them down in one order; the parts it wires are modules of their own.
 """
 
 from __future__ import annotations
@@ -39,33 +42,33 @@ from trainmedic.record.store import META_FILE, RunRecordWriter
 from trainmedic.record.types import RunEvent, RunMeta
 from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.simulation import Simulation, load_simulation
-from trainmedic.supervise.attempt_setup import (
+from trainmedic.supervise.fallback import run_on_unsupervised
+from trainmedic.supervise.hang.watchdog import Watchdog
+from trainmedic.supervise.launch.launcher import (
+    become_subreaper,
+    exit_status,
+    probe_environment,
+    same_destination,
+)
+from trainmedic.supervise.launch.signals import forwarding_signals
+from trainmedic.supervise.live.metrics import MetricsState
+from trainmedic.supervise.live.status import LiveAggregate
+from trainmedic.supervise.loop.attempt_setup import (
     AttemptIO,
     CurrentJob,
     LoopResult,
     ResilienceOptions,
     StopRequests,
 )
-from trainmedic.supervise.attempt_state import AttemptTracker, Listener
-from trainmedic.supervise.attempts import AttemptLoop
-from trainmedic.supervise.fallback import run_on_unsupervised
-from trainmedic.supervise.keeper import OutputKeeper
-from trainmedic.supervise.launcher import (
-    become_subreaper,
-    exit_status,
-    probe_environment,
-    same_destination,
-)
-from trainmedic.supervise.live import LiveAggregate
-from trainmedic.supervise.metrics import MetricsState
-from trainmedic.supervise.observers import Observers
-from trainmedic.supervise.output import TerminalMux
-from trainmedic.supervise.processes import MessageRouter, ProcessTable
+from trainmedic.supervise.loop.attempt_state import AttemptTracker, Listener
+from trainmedic.supervise.loop.attempts import AttemptLoop
+from trainmedic.supervise.observe.observers import Observers
+from trainmedic.supervise.observe.processes import MessageRouter, ProcessTable
+from trainmedic.supervise.observe.samplers import SamplerThread
+from trainmedic.supervise.output.keeper import OutputKeeper
+from trainmedic.supervise.output.stream import TerminalMux
 from trainmedic.supervise.run_facts import bootstrap_errors, environment, machine_facts
 from trainmedic.supervise.rundir import command_name
-from trainmedic.supervise.samplers import SamplerThread
-from trainmedic.supervise.signals import forwarding_signals
-from trainmedic.supervise.watchdog import Watchdog
 
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
@@ -84,7 +87,7 @@ class RunOptions:
         probe: load the probe into the job's Python processes.
         created_dir: whether ``run_dir`` was created for this run (and may be
             removed again when the job cannot start).
-        resilience: hang detection, restarts and resume (:mod:`.attempts`).
+        resilience: hang detection, restarts and resume (:mod:`.loop.attempts`).
     """
 
     argv: tuple[str, ...]

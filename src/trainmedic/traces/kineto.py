@@ -34,6 +34,10 @@ Over the trace: where the synchronisations inside steps were called from
 A file that is not JSON, a truncated gzip, a JSON file without trace events,
 or a trace of another tool (no Kineto event categories) raises
 :class:`TraceError` with one line saying which.
+
+Why one module of this length: one streaming pass over the events fills every
+per-step table at once; split by table, each part would need the stream again (a
+second pass costs as much as the first on a multi-GB trace).
 """
 
 from __future__ import annotations

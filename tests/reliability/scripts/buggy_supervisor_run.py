@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from trainmedic.cli.main import main
-from trainmedic.supervise import watchdog
+from trainmedic.supervise.hang import watchdog
 
 original = watchdog.Watchdog.check
 calls = 0

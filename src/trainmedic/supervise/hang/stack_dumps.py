@@ -5,7 +5,7 @@ is: the probe's JSON dump (``stacks-<pid>.json``: thread names and calls), else
 faulthandler's text dump (``stacks.txt``), else the last heartbeat's frames.
 :func:`summarize_stacks` turns the training thread's stack into the line the
 report shows: ``hung in `dist.all_reduce` called from train.py:88 in main``.
-:mod:`trainmedic.supervise.forensics` takes the dumps.
+:mod:`trainmedic.supervise.hang.forensics` takes the dumps.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def _heartbeat_thread(stack: Sequence[str]) -> ThreadStack:
 # --- the summary ------------------------------------------------------------------------
 
 
-_TRAINMEDIC_DIR = str(Path(__file__).resolve().parent.parent) + "/"
+_TRAINMEDIC_DIR = str(Path(__file__).resolve().parents[2]) + "/"
 _DEMO_DIR = _TRAINMEDIC_DIR + "demo/"
 
 

@@ -1,6 +1,6 @@
 """The output keeper's process: standard library only, run as ``python -I -S keeper_main.py FD``.
 
-See :mod:`trainmedic.supervise.keeper` for what it is for. It reads its
+See :mod:`trainmedic.supervise.output.keeper` for what it is for. It reads its
 instructions from the SOCK_SEQPACKET socket ``FD`` (one message each, the
 file descriptors it is to hold attached), and does nothing else while the
 supervisor lives. Messages (fields separated by spaces, text fields hex-coded

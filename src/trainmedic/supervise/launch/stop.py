@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from trainmedic.host import ps
-from trainmedic.supervise.launcher import Job, is_alive
+from trainmedic.supervise.launch.launcher import Job, is_alive
 
 SWEEP_ROUNDS = 3
 """Rounds of kill-and-check for processes spawned while the job was stopping."""

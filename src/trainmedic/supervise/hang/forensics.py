@@ -14,7 +14,7 @@ in the attempt's directory:
 * ``hang.json`` — the verdict, the one-line summary, the main threads'
   stacks, the last steps and the last GPU readings.
 
-:mod:`trainmedic.supervise.stack_dumps` reads the dumps back and says in one line
+:mod:`trainmedic.supervise.hang.stack_dumps` reads the dumps back and says in one line
 where the training thread hung.
 """
 
@@ -36,15 +36,15 @@ from typing import Any
 from trainmedic.atomicfile import write_atomic
 from trainmedic.optional import install_hint
 from trainmedic.probe.forensics import JSON_PREFIX, STACK_SIGNAL
-from trainmedic.supervise.stack_dumps import (
+from trainmedic.supervise.hang.stack_dumps import (
     HEADER,
     STACKS_TEXT,
     ProcessStacks,
     read_stacks,
     summarize_stacks,
 )
-from trainmedic.supervise.stack_dumps import JobProcess as JobProcess  # its users' import path
-from trainmedic.supervise.stop import caught_signals
+from trainmedic.supervise.hang.stack_dumps import JobProcess as JobProcess  # its users' import path
+from trainmedic.supervise.launch.stop import caught_signals
 
 HANG_FILE = "hang.json"
 PY_SPY_TIMEOUT_S = 15.0

@@ -17,10 +17,10 @@ from trainmedic.record.guard import RecordGuard
 from trainmedic.resilience.incidents import AttemptSummary
 from trainmedic.resilience.policy import DEFAULT_MAX_RESTARTS, RestartPolicy, default_policy
 from trainmedic.resilience.timeouts import TimeoutConfig
-from trainmedic.supervise.keeper import OutputKeeper
-from trainmedic.supervise.launcher import Job
-from trainmedic.supervise.output import TerminalMux
-from trainmedic.supervise.signals import SignalForwarder
+from trainmedic.supervise.launch.launcher import Job
+from trainmedic.supervise.launch.signals import SignalForwarder
+from trainmedic.supervise.output.keeper import OutputKeeper
+from trainmedic.supervise.output.stream import TerminalMux
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from trainmedic.host.types import HostFacts
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunEvent
 from trainmedic.simulation import Simulation
-from trainmedic.supervise.attempt_setup import CurrentJob
-from trainmedic.supervise.census import ProcessCensus
-from trainmedic.supervise.live import LiveAggregate
-from trainmedic.supervise.live_view import LiveView
-from trainmedic.supervise.output import TerminalMux
-from trainmedic.supervise.processes import MessageRouter, ProcessTable
-from trainmedic.supervise.samplers import GpuSampler, HostSampler, SamplerThread
-from trainmedic.supervise.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
-from trainmedic.supervise.xid_watch import XidWatcher
+from trainmedic.supervise.live.status import LiveAggregate
+from trainmedic.supervise.live.view import LiveView
+from trainmedic.supervise.loop.attempt_setup import CurrentJob
+from trainmedic.supervise.observe.census import ProcessCensus
+from trainmedic.supervise.observe.processes import MessageRouter, ProcessTable
+from trainmedic.supervise.observe.samplers import GpuSampler, HostSampler, SamplerThread
+from trainmedic.supervise.observe.threads import ROLE_TRAIN, ROLE_WORKER, ThreadSampler
+from trainmedic.supervise.observe.xid_watch import XidWatcher
+from trainmedic.supervise.output.stream import TerminalMux
 
 
 class FactsGatherer(threading.Thread):

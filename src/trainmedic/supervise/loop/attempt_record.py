@@ -21,6 +21,7 @@ from typing import Any
 from trainmedic.atomicfile import write_atomic
 from trainmedic.findings.model import Finding
 from trainmedic.record.events import EventKind
+from trainmedic.record.payloads import HangDetected
 from trainmedic.record.types import RunEvent
 from trainmedic.resilience.classify import Classification, classification_to_finding
 from trainmedic.resilience.errorfile import ErrorReport, read_error_reports
@@ -29,11 +30,11 @@ from trainmedic.resilience.incidents import HANG_DETECTED, AttemptSummary
 from trainmedic.resilience.policy import Decision
 from trainmedic.resilience.silence_evidence import JobEvidence
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutVerdict
-from trainmedic.supervise.forensics import HangForensics
-from trainmedic.supervise.launcher import Job
-from trainmedic.supervise.resume import ResumePoint
-from trainmedic.supervise.stop import StopReport
-from trainmedic.supervise.watchdog import AttemptObservations
+from trainmedic.supervise.hang.forensics import HangForensics
+from trainmedic.supervise.hang.watchdog import AttemptObservations
+from trainmedic.supervise.launch.launcher import Job
+from trainmedic.supervise.launch.stop import StopReport
+from trainmedic.supervise.loop.resume import ResumePoint
 
 ATTEMPTS_DIR = "attempts"
 ATTEMPT_FILE = "attempt.json"
@@ -169,22 +170,33 @@ def job_start_event(attempt: Attempt, pid: int, t: float) -> RunEvent:
 def hang_event(
     attempt: Attempt, verdict: Mapping[str, Any], directory: Path, run_dir: Path, pid: int
 ) -> RunEvent:
-    """The ``hang_detected`` event: the verdict, where the job hung and the forensics taken."""
+    """The ``hang_detected`` event: the verdict, where the job hung and the forensics taken
+    (``verdict``: :func:`verdict_data`, with ``first_stopped`` in a distributed job)."""
     assert attempt.hang is not None and attempt.detected_wall is not None
+    v = attempt.verdict
+    payload = HangDetected(
+        attempt=attempt.number,
+        reason=None if v is None else v.reason,
+        basis=None if v is None else v.basis,
+        bound_s=None if v is None else v.bound_s,
+        silent_s=None if v is None else v.silent_s,
+        quiet_s=None if v is None else v.quiet_s,
+        extended=v is not None and v.extended,
+        silence=None if v is None else v.silence,
+        location=attempt.hang.location,
+        directory=str(directory.relative_to(run_dir)),
+        files=tuple(attempt.hang.files),
+        notes=tuple(attempt.hang.notes),
+        forensics_s=attempt.hang.took_s,
+        evidence=verdict.get("evidence"),
+        first_stopped=verdict.get("first_stopped"),
+    )
     return RunEvent(
         t=attempt.detected_wall,
         kind=HANG_DETECTED,
         message=f"attempt {attempt.number} {attempt.hang.summary}",
         pid=pid,
-        data={
-            "attempt": attempt.number,
-            **verdict,
-            "location": attempt.hang.location,
-            "directory": str(directory.relative_to(run_dir)),
-            "files": list(attempt.hang.files),
-            "notes": list(attempt.hang.notes),
-            "forensics_s": round(attempt.hang.took_s, 3),
-        },
+        data=payload.to_data(),
     )
 
 

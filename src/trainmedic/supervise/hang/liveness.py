@@ -4,7 +4,7 @@
 (:mod:`trainmedic.resilience.silence`). While the job is silent (no step for
 half a second) the watchdog calls :meth:`SilenceObserver.observe` at each of
 its checks; the observer reads each process of the job from ``/proc``
-(:mod:`.procview`), takes its probe's latest heartbeat from the process
+(:mod:`..observe.procview`), takes its probe's latest heartbeat from the process
 table, and builds one :class:`~trainmedic.resilience.silence.ProcessWindow`
 per process over the last second:
 
@@ -39,8 +39,8 @@ from trainmedic.host import ps
 from trainmedic.resilience.places import Place, PlaceKind, classify_place
 from trainmedic.resilience.silence import classify_job
 from trainmedic.resilience.silence_evidence import JobEvidence, KernelView, ProcessWindow, StackView
-from trainmedic.supervise import procview
-from trainmedic.supervise.processes import ProcessState
+from trainmedic.supervise.observe import procview
+from trainmedic.supervise.observe.processes import ProcessState
 
 WINDOW_S = 1.0
 """Seconds over which CPU and bytes are compared."""

@@ -33,8 +33,8 @@ from trainmedic.gpu.types import GpuSample
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
 from trainmedic.resilience.incidents import ATTEMPT_END, HANG_DETECTED
-from trainmedic.supervise.attempt_state import AttemptNow, AttemptState
-from trainmedic.supervise.processes import IgnoringSink
+from trainmedic.supervise.loop.attempt_state import AttemptNow, AttemptState
+from trainmedic.supervise.observe.processes import IgnoringSink
 
 WINDOW_STEPS = 50
 """Recent steps per rank that rates, shares and the step time are taken over."""

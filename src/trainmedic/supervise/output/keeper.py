@@ -6,7 +6,7 @@ job's next write would meet a pipe without a reader — ``BrokenPipeError``
 or SIGPIPE — and the user's training would die because its monitor did.
 
 So the session starts one small process, the keeper
-(:mod:`trainmedic.supervise.keeper_main`, a standard-library script of a few
+(:mod:`trainmedic.supervise.output.keeper_main`, a standard-library script of a few
 MB), and hands it a copy of each output stream of each attempt as the stream
 opens (``SCM_RIGHTS`` over a ``SOCK_SEQPACKET`` socket). While the supervisor
 lives the keeper only waits on that socket: it reads nothing and costs
@@ -18,7 +18,7 @@ the job's last writer is gone. The job itself never notices; the probe in it
 notices its broken socket and switches itself off.
 
 The keeper is not part of the job: it is excluded from the job's processes
-(:func:`~trainmedic.supervise.launcher.exclude_from_job`).
+(:func:`~trainmedic.supervise.launch.launcher.exclude_from_job`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainmedic.supervise.launcher import exclude_from_job
+from trainmedic.supervise.launch.launcher import exclude_from_job
 
 SUPERVISOR_LOST = "supervisor_lost"
 """Event kind the keeper appends to the record when it takes over."""

@@ -1,6 +1,6 @@
 """The live view on the terminal while the run goes on.
 
-:func:`render_panel` turns a :class:`~trainmedic.supervise.live.LiveStatus`
+:func:`render_panel` turns a :class:`~trainmedic.supervise.live.status.LiveStatus`
 into lines with rich (a small panel; tested at a fixed width);
 :func:`plain_line` into one line for logs. :class:`LiveView` is the thread
 that shows them: a panel redrawn every second on a terminal, a plain line
@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-from trainmedic.supervise.live import GIB, GpuNow, LiveAggregate, LiveStatus
+from trainmedic.supervise.live.status import GIB, GpuNow, LiveAggregate, LiveStatus
 
 TTY_INTERVAL_S = 1.0
 PLAIN_INTERVAL_S = 10.0

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainmedic.record.guard import RecordGuard
-from trainmedic.supervise.launcher import OutputStream, same_destination
+from trainmedic.supervise.launch.launcher import OutputStream, same_destination
 
 if TYPE_CHECKING:
-    from trainmedic.supervise.keeper import OutputKeeper
+    from trainmedic.supervise.output.keeper import OutputKeeper
 
 _READ_BYTES = 64 * 1024
 _ERASE_UP = "\x1b[{n}F\x1b[J"  # to the start of the line n lines up, then clear below
@@ -155,7 +155,7 @@ class OutputPump(threading.Thread):
     and the log stays complete. Log writes go through ``guard``: a full disk
     stops the log, never the forwarding. ``keeper`` (when given) holds a
     copy of the stream for the case trainmedic itself is killed
-    (:mod:`trainmedic.supervise.keeper`).
+    (:mod:`trainmedic.supervise.output.keeper`).
     """
 
     def __init__(

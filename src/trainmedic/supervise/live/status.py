@@ -3,7 +3,7 @@
 :class:`LiveAggregate` receives the same records as the run record (it is a
 record sink) and keeps only what the view needs: the last steps of each
 process, the latest GPU and host readings, and the warnings that are already
-certain, as a :class:`LiveStatus`. :mod:`trainmedic.supervise.live_view`
+certain, as a :class:`LiveStatus`. :mod:`trainmedic.supervise.live.view`
 shows it on the terminal.
 """
 
@@ -19,8 +19,8 @@ from trainmedic.gpu import faults
 from trainmedic.gpu.types import GpuSample
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import HostSample, RunEvent, StepRecord
-from trainmedic.supervise.attempt_state import AttemptNow
-from trainmedic.supervise.processes import IgnoringSink
+from trainmedic.supervise.loop.attempt_state import AttemptNow
+from trainmedic.supervise.observe.processes import IgnoringSink
 
 WINDOW_STEPS = 50
 """Recent steps per process the rates and shares are taken over."""
@@ -63,7 +63,7 @@ class LiveStatus:
         samples_per_s: all processes together, over their recent steps.
         job_cpu_cores: the job's process tree, cores.
         attempt / attempt_state: the restart loop's attempt and its state
-            (:mod:`trainmedic.supervise.attempt_state`; 0 and ``None`` before it starts).
+            (:mod:`trainmedic.supervise.loop.attempt_state`; 0 and ``None`` before it starts).
     """
 
     elapsed_s: float

@@ -2,8 +2,8 @@
 
 The child runs in a new session (its own process group), so the terminal's
 Ctrl-C reaches trainmedic only and trainmedic decides what the job gets
-(:mod:`trainmedic.supervise.signals`). A small process leads that session
-(:mod:`trainmedic.supervise.session_holder`) and the job is its child, so the
+(:mod:`trainmedic.supervise.launch.signals`). A small process leads that session
+(:mod:`trainmedic.supervise.launch.session_holder`) and the job is its child, so the
 job may call ``setsid()`` itself, as it can when a script starts it. Its stdout and stderr are
 pseudo-terminals when ours are terminals (so the job buffers, colours and draws progress bars as it
 would without trainmedic) and pipes otherwise. When our stdout and stderr go

@@ -28,8 +28,8 @@ from trainmedic.gpu.types import GpuSample
 from trainmedic.host import ps
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import HostSample, RunEvent
-from trainmedic.supervise.census import ProcessCensus
-from trainmedic.supervise.threads import ThreadReading, ThreadSampler
+from trainmedic.supervise.observe.census import ProcessCensus
+from trainmedic.supervise.observe.threads import ThreadReading, ThreadSampler
 
 GPU_PERIOD_S = 1.0
 """Seconds between GPU readings when they are cheap."""

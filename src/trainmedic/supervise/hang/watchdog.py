@@ -11,7 +11,7 @@ there, pure — with:
 * **phases** from the lead's heartbeats (``trainmedic.phase("checkpoint")``,
   the Checkpointer): a marked phase gets the phase bound while it lasts;
 * **evidence** while the job is silent (no step for half a second): at
-  each check, :class:`~trainmedic.supervise.liveness.SilenceObserver` reads
+  each check, :class:`~trainmedic.supervise.hang.liveness.SilenceObserver` reads
   every process of the job and its probe's heartbeat, and classifies the
   silence (:mod:`trainmedic.resilience.silence`): work restarts the bound,
   a silence the evidence shows to be a hang gets the learned bound, one it
@@ -51,9 +51,9 @@ from trainmedic.record.types import (
 from trainmedic.resilience.group import RankProgress
 from trainmedic.resilience.silence_evidence import JobEvidence, Silence
 from trainmedic.resilience.timeouts import TRAIN_PHASE, StepTimeout, TimeoutVerdict
-from trainmedic.supervise.forensics import JobProcess
-from trainmedic.supervise.liveness import SilenceObserver
-from trainmedic.supervise.processes import IgnoringSink, ProcessState, ProcessTable
+from trainmedic.supervise.hang.forensics import JobProcess
+from trainmedic.supervise.hang.liveness import SilenceObserver
+from trainmedic.supervise.observe.processes import IgnoringSink, ProcessState, ProcessTable
 
 SILENCE_MIN_S = 0.5
 """No step (or phase mark) for this long, in seconds, is a silence worth evidence."""
@@ -105,7 +105,7 @@ class Watchdog(IgnoringSink):
         tree: the current attempt's processes (``Job.descendants``).
         clock / wall: the supervisor's monotonic and Unix clocks.
         observer: classifies silences (default: a
-            :class:`~trainmedic.supervise.liveness.SilenceObserver` over ``/proc``).
+            :class:`~trainmedic.supervise.hang.liveness.SilenceObserver` over ``/proc``).
     """
 
     def __init__(

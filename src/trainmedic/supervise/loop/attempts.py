@@ -8,8 +8,8 @@ Observe -> decide -> act, once per attempt:
    :class:`~trainmedic.resilience.timeouts.StepTimeout` (grown by the
    restarts so far);
 2. **watch** until the job exits, the watchdog declares a hang — then the
-   stacks are taken (:mod:`.forensics`) and the job is stopped
-   (:mod:`.stop`) — or the user stops it (Ctrl-C, SIGTERM: the job gets
+   stacks are taken (:mod:`..hang.forensics`) and the job is stopped
+   (:mod:`..launch.stop`) — or the user stops it (Ctrl-C, SIGTERM: the job gets
    the signal and ``--grace`` seconds, then SIGKILL; never a restart);
 3. **gather evidence** (:mod:`.evidence`): exit status, stderr tail, error
    files, cgroup OOM kills, kernel log, GPU faults;
@@ -23,9 +23,9 @@ Observe -> decide -> act, once per attempt:
    (bounded), back off (interruptible), and start the next attempt.
 
 The loop's place in this cycle is an explicit state
-(:class:`~trainmedic.supervise.attempt_state.AttemptState`: starting, running,
+(:class:`~trainmedic.supervise.loop.attempt_state.AttemptState`: starting, running,
 stopping, hung, winding down, deciding, backing off, done), held by an
-:class:`~trainmedic.supervise.attempt_state.AttemptTracker` that refuses a
+:class:`~trainmedic.supervise.loop.attempt_state.AttemptTracker` that refuses a
 transition its table does not allow and tells the live view and the metrics.
 The job's launch, its stop and a hang's forensics are seams passed in, so the
 loop is tested with a fake job and clock (tests/supervise/test_attempt_loop.py).
@@ -35,6 +35,11 @@ error files of the attempt's processes, ``attempt.json``); the run record
 itself (steps, samples, events, logs) spans all attempts. What the loop is
 given and returns (options, output plumbing, stop requests) is in
 :mod:`.attempt_setup`; where a later attempt resumes, in :mod:`.resume`.
+
+Why one module of this length: it is one state machine (its states in
+:mod:`.attempt_state`); what each step does lives elsewhere (the record of an attempt
+in :mod:`.attempt_record`, its inputs in :mod:`.attempt_setup`, the launch, stop and
+hang capture passed in).
 """
 
 from __future__ import annotations
@@ -61,8 +66,16 @@ from trainmedic.resilience.group import first_stopped
 from trainmedic.resilience.incidents import REMEDY, AttemptSummary, attempt_event
 from trainmedic.resilience.policy import AttemptRecord, Decision, RestartState
 from trainmedic.resilience.timeouts import StepTimeout, TimeoutVerdict
-from trainmedic.supervise import evidence
-from trainmedic.supervise.attempt_record import (
+from trainmedic.supervise.hang.forensics import HangForensics, capture_hang, find_py_spy
+from trainmedic.supervise.hang.watchdog import AttemptObservations, Watchdog
+from trainmedic.supervise.launch.launcher import (
+    CommandNotExecutableError,
+    CommandNotFoundError,
+    Job,
+)
+from trainmedic.supervise.launch.stop import StopReport, stop_job
+from trainmedic.supervise.loop import evidence
+from trainmedic.supervise.loop.attempt_record import (
     ATTEMPT_FILE,
     ATTEMPTS_DIR,
     STACKS_FILE,
@@ -77,24 +90,16 @@ from trainmedic.supervise.attempt_record import (
     verdict_data,
     write_attempt_file,
 )
-from trainmedic.supervise.attempt_setup import (
+from trainmedic.supervise.loop.attempt_setup import (
     AttemptIO,
     CurrentJob,
     LoopResult,
     StopRequests,
 )
-from trainmedic.supervise.attempt_setup import ResilienceOptions as ResilienceOptions
-from trainmedic.supervise.attempt_state import AttemptState, AttemptTracker
-from trainmedic.supervise.forensics import HangForensics, capture_hang, find_py_spy
-from trainmedic.supervise.launcher import (
-    CommandNotExecutableError,
-    CommandNotFoundError,
-    Job,
-)
-from trainmedic.supervise.output import OutputPump
-from trainmedic.supervise.resume import checkpoint_dir, plan_resume
-from trainmedic.supervise.stop import StopReport, stop_job
-from trainmedic.supervise.watchdog import AttemptObservations, Watchdog
+from trainmedic.supervise.loop.attempt_setup import ResilienceOptions as ResilienceOptions
+from trainmedic.supervise.loop.attempt_state import AttemptState, AttemptTracker
+from trainmedic.supervise.loop.resume import checkpoint_dir, plan_resume
+from trainmedic.supervise.output.stream import OutputPump
 
 ATTEMPT_ENV = "TRAINMEDIC_ATTEMPT"
 """The attempt number (1, 2, ...), for scripts that want to know."""
@@ -123,8 +128,8 @@ class AttemptLoop:
         clock / wall: monotonic and Unix seconds.
         tracker: where the loop's state is kept and announced (:mod:`.attempt_state`).
         launch: starts the job (:meth:`Job.start`'s signature).
-        stop: stops a hung job's whole tree within a grace (:func:`.stop.stop_job`).
-        capture: takes a hang's forensics (:func:`.forensics.capture_hang`).
+        stop: stops a hung job's whole tree within a grace (:func:`..launch.stop.stop_job`).
+        capture: takes a hang's forensics (:func:`..hang.forensics.capture_hang`).
     """
 
     def __init__(
@@ -486,7 +491,7 @@ class AttemptLoop:
     def _release_gpus(self, obs: AttemptObservations) -> None:
         if self._gpu_kind == "none" or not obs.pids:
             return
-        from trainmedic.supervise.stop import wait_gpu_release
+        from trainmedic.supervise.launch.stop import wait_gpu_release
 
         released, waited = wait_gpu_release(
             obs.pids,

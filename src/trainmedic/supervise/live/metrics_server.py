@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from trainmedic.errors import UsageError
-from trainmedic.supervise.metrics import MetricsCollector, MetricsState
+from trainmedic.supervise.live.metrics import MetricsCollector, MetricsState
 
 DEFAULT_ADDRESS = "127.0.0.1"
 

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from trainmedic.supervise.launcher import Job
+from trainmedic.supervise.launch.launcher import Job
 
 
 @dataclass
