@@ -37,7 +37,7 @@ def test_importing_the_remedies_does_not_import_torch() -> None:
     # The remedies run inside the job, which has torch; importing them costs nothing
     # until one is used.
     code = (
-        "import sys, trainmedic.remedies, trainmedic.remedies.apply_plan; "
+        "import sys, trainmedic.remedies, trainmedic.remedies.apply.plan; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

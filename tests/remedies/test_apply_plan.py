@@ -15,7 +15,7 @@ from trainmedic.errors import InputError
 from trainmedic.findings.model import Category, Finding, FindingsDocument, Severity
 from trainmedic.record.store import RunRecordWriter
 from trainmedic.record.types import RunEvent, RunRecord
-from trainmedic.remedies.apply_plan import ApplyPlan, bound_to_machine, plan_from
+from trainmedic.remedies.apply.plan import ApplyPlan, bound_to_machine, plan_from
 from trainmedic.remedies.limits import LoaderLimits
 
 BIG = LoaderLimits(usable_cores=64.0, memory_available_bytes=None, shm_free_bytes=None)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from trainmedic.remedies.switches import RunEvidence, RuntimeFacts, plan_switches, runtime_decision
+from trainmedic.remedies.apply.switches import (
+    RunEvidence,
+    RuntimeFacts,
+    plan_switches,
+    runtime_decision,
+)
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def run(
     if apply_anyway and apply_from is None:
         raise UsageError("--apply-anyway goes with --apply-from")
     if apply_from is not None:
-        from trainmedic.remedies.apply_plan import APPLY_ENV, plan_from
+        from trainmedic.remedies.apply.plan import APPLY_ENV, plan_from
 
         if no_probe:
             raise UsageError("--apply-from needs the probe: drop --no-probe")

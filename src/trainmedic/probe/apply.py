@@ -1,6 +1,6 @@
 """``run --apply-from``, inside the job: apply the plan when the script builds its DataLoaders.
 
-The supervisor puts the plan (:class:`trainmedic.remedies.apply_plan.ApplyPlan`)
+The supervisor puts the plan (:class:`trainmedic.remedies.apply.plan.ApplyPlan`)
 in ``TRAINMEDIC_APPLY``; :func:`install` runs right after the job imports
 torch, next to the probe's own hooks, and
 
@@ -16,7 +16,7 @@ torch, next to the probe's own hooks, and
   spawn/forkserver, workers that die at start or time out — the loader gets the
   script's own settings back, and the run record says why. The global random
   state is restored afterwards, so the script's random stream is unchanged.
-* turns on the planned torch switches (:mod:`trainmedic.remedies.switches`):
+* turns on the planned torch switches (:mod:`trainmedic.remedies.apply.switches`):
   TF32 matmuls at once, ``cudnn.benchmark`` once the first DataLoader batches
   show fixed shapes.
 
@@ -44,10 +44,10 @@ from trainmedic.record.events import EventKind
 if TYPE_CHECKING:
     from trainmedic.probe.seams import ProbeSeam
 
-APPLY_ENV = "TRAINMEDIC_APPLY"  # trainmedic.remedies.apply_plan.APPLY_ENV (no import at start-up)
+APPLY_ENV = "TRAINMEDIC_APPLY"  # trainmedic.remedies.apply.plan.APPLY_ENV (no import at start-up)
 PREFLIGHT_TIMEOUT_S = 120
 """A preflight worker that has not delivered its batch by then counts as failed."""
-SHAPE_CHECK_BATCHES = 20  # trainmedic.remedies.switches.SHAPE_CHECK_CALLS
+SHAPE_CHECK_BATCHES = 20  # trainmedic.remedies.apply.switches.SHAPE_CHECK_CALLS
 
 
 def install(torch: Any, probe: ProbeSeam) -> Applier | None:
@@ -369,7 +369,7 @@ class Applier:
     # --- torch switches ---------------------------------------------------------------------------
 
     def _facts(self) -> Any:
-        from trainmedic.remedies.switches import RuntimeFacts
+        from trainmedic.remedies.apply.switches import RuntimeFacts
 
         torch = self.torch
         cudnn = torch.backends.cudnn
@@ -389,7 +389,7 @@ class Applier:
         )
 
     def _apply_switches_now(self) -> None:
-        from trainmedic.remedies.switches import runtime_decision
+        from trainmedic.remedies.apply.switches import runtime_decision
 
         for switch in self.switches:
             decision, why = runtime_decision(switch, self._facts())
@@ -459,7 +459,7 @@ class Applier:
         )
 
     def _decide_benchmark(self) -> None:
-        from trainmedic.remedies.switches import runtime_decision
+        from trainmedic.remedies.apply.switches import runtime_decision
 
         if "cudnn_benchmark" in self._switch_state:
             return

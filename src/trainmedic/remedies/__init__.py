@@ -18,7 +18,7 @@ remedies run inside the user's training process, which has torch.
 ==========================  ==================================================
 
 ``trainmedic run --apply-from RUN_DIR`` applies what a previous run's findings
-recommend inside an unmodified script (:mod:`trainmedic.remedies.apply_plan`,
+recommend inside an unmodified script (:mod:`trainmedic.remedies.apply.plan`,
 :mod:`trainmedic.probe.apply`). docs/remedies.md has the details.
 """
 

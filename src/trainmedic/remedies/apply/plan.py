@@ -3,7 +3,7 @@
 ``SOURCE`` is a previous run directory — its findings' ``apply`` payloads
 (:attr:`trainmedic.findings.model.Finding.apply`; warnings and errors only)
 and its record's evidence for the torch switches
-(:mod:`trainmedic.remedies.switches`) — or the JSON file of
+(:mod:`trainmedic.remedies.apply.switches`) — or the JSON file of
 ``trainmedic tune dataloader --json FILE``, whose best settings are applied
 only when their speed-up was significant (its 95 % interval above 1x).
 
@@ -26,8 +26,8 @@ from trainmedic.findings.model import Finding, Severity
 from trainmedic.jsonfile import describe, read_json
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import RunRecord
+from trainmedic.remedies.apply.switches import RunEvidence, plan_switches
 from trainmedic.remedies.limits import MAX_IN_FLIGHT, LoaderLimits
-from trainmedic.remedies.switches import RunEvidence, plan_switches
 
 APPLY_ENV = "TRAINMEDIC_APPLY"
 """The plan, as JSON, in the job's environment."""
