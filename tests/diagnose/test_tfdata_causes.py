@@ -131,3 +131,43 @@ def test_a_cache_is_not_asked_for_one_epoch_or_where_a_cache_is() -> None:
     cached = _stages("Prefetch", "Batch", "Cache", "ParallelMap", "TensorSlice", cache_after=None)
     (f,) = input_bound(RunView.of(_record(cached, epochs=True)), TH)
     assert "cache() right" not in f.fix and f.id == "input.cpu"
+
+
+def _short_steps(pipeline: dict[str, Any], duration: float, wait: float) -> RunRecord:
+    loader = dataclasses.replace(
+        make_loader(0, batch_size=32, pin_memory=False, prefetch_factor=None, dataset_len=None),
+        dataset_type="tf.data",
+    )
+    events = [make_event("tfdata_pipeline", **pipeline)]
+    steps = make_steps(3000, duration, wait)
+    return make_record(steps, host=make_host_series(5), loaders=[loader], events=events)
+
+
+IN_MEMORY = _stages("Prefetch", "Batch", "Cache", "TensorSlice")
+
+
+def test_a_wait_no_longer_than_fetching_a_held_batch_is_the_fetch_itself() -> None:
+    # 0.21 ms of 0.9 ms steps from a cached, prefetched in-memory pipeline: a 23 % wait
+    # that no pipeline setting removes; fewer fetches (steps_per_execution) do.
+    (f,) = input_bound(RunView.of(_short_steps(IN_MEMORY, 0.0009, 0.00021)), TH)
+    assert (f.id, f.category) == ("input.handover", Category.FRAMEWORK_CONFIG)
+    assert "0.21 ms" in f.title and "0.90 ms step" in f.title
+    assert "steps_per_execution" in f.fix and "cheaper" not in f.fix
+    assert f.evidence["data_wait_per_step_s"] == pytest.approx(0.00021, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "wait"),
+    [
+        (IN_MEMORY, 0.0012),  # longer than a fetch costs: something else holds it up
+        (_stages("Prefetch", "Batch", "ParallelMap", "TensorSlice"), 0.00021),  # work
+        (_stages("Prefetch", "Batch", "TFRecord", file_sources=1, parallel_reads=True),
+         0.00021),  # file reads
+    ],
+    ids=["long-wait", "map", "files"],
+)
+def test_a_longer_wait_or_a_pipeline_with_work_is_not_the_fetch(
+    pipeline: dict[str, Any], wait: float
+) -> None:
+    (f,) = input_bound(RunView.of(_short_steps(pipeline, max(0.0009, 2 * wait), wait)), TH)
+    assert f.id != "input.handover" and "steps_per_execution" not in f.fix

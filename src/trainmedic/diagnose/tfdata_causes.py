@@ -19,7 +19,12 @@ off most:
    pipeline redoes its work each time, with no ``cache``: the cache goes after the
    last stage of work that comes before anything random (``input.cpu``, or
    ``input.io`` when that work is reading files);
-6. otherwise the pipeline runs in parallel and prefetches: its work takes the
+6. a prefetched pipeline with no per-element work (in-memory tensors, batched; no
+   map, filter, interleave, file or Python stage) whose wait per step is under
+   ``Thresholds.tfdata_handover_s``: the wait is what fetching one batch from the
+   iterator costs, which matters only against very short steps; the fix is fetching
+   less often (Keras's ``steps_per_execution``) (``input.handover``);
+7. otherwise the pipeline runs in parallel and prefetches: its work takes the
    CPU it has (``input.cpu``), with the job's cores as evidence.
 
 Each finding gives the stages it read and the settings to write.
@@ -63,6 +68,35 @@ def pipeline(view: RunView) -> Mapping[str, Any] | None:
         ):
             return e.data
     return None
+
+
+_NO_WORK_OPS = frozenset(
+    {"TensorSlice", "Tensor", "Range", "Batch", "Prefetch", "Cache", "Shuffle", "Repeat",
+     "Take", "Skip", "Options", "Zip", "Concatenate", "Unbatch", "Rebatch", "Shard"}
+)  # fmt: skip
+"""tf.data stages that do no per-element work of the user's: sources of tensors held in
+memory and the stages that only rearrange or pass elements on."""
+
+
+def _handover_wait_s(
+    view: RunView, p: Mapping[str, Any], th: Thresholds
+) -> tuple[float, float] | None:
+    """(mean wait per step, mean step), seconds, when the pipeline does no per-element
+    work and prefetches and each step's wait is under ``th.tfdata_handover_s``; else
+    ``None``."""
+    stages = p.get("stages")
+    if not p.get("prefetch") or not isinstance(stages, list) or not stages:
+        return None
+    ops = [s.get("op") for s in stages if isinstance(s, dict)]
+    if len(ops) != len(stages) or not all(op in _NO_WORK_OPS for op in ops):
+        return None
+    if any(s.get("files") or s.get("python") or s.get("generator") for s in stages):
+        return None
+    share, step = view.summary.data_wait_share, view.summary.step_time_mean_s
+    if share is None or step is None or step <= 0:
+        return None
+    wait = share * step
+    return (wait, step) if wait < th.tfdata_handover_s else None
 
 
 def repeats(view: RunView, p: Mapping[str, Any]) -> bool:
@@ -151,6 +185,20 @@ def tfdata_cause(view: RunView, th: Thresholds) -> InputCause | None:
             "the first epoch. Use .cache() in memory when the prepared data fit in RAM, "
             "else .cache('/local/disk/path') on a local disk; keep "
             ".prefetch(tf.data.AUTOTUNE) at the end.",
+        )  # fmt: skip
+    handover = _handover_wait_s(view, p, th)
+    if handover is not None:
+        wait_s, step_s = handover
+        evidence["data_wait_per_step_s"] = round(wait_s, 6)
+        evidence["tfdata_handover_max_s"] = th.tfdata_handover_s
+        return cause(
+            "handover", Category.FRAMEWORK_CONFIG,
+            f"each step takes {wait_s * 1e3:.2f} ms to fetch a batch the pipeline already "
+            f"holds ({line}: no per-element work, prefetched): that is the cost of fetching "
+            f"one batch from the tf.data iterator, large against a {step_s * 1e3:.2f} ms step",
+            "Fetch less often: model.compile(..., steps_per_execution=32) runs 32 steps per "
+            "call, fetching their batches inside one compiled function (a custom loop: "
+            "loop over several batches inside the tf.function); or train on larger batches.",
         )  # fmt: skip
     return cause(
         "cpu", Category.CPU,
