@@ -73,7 +73,7 @@ def test_the_demo_finding_says_its_case_in_four_facts() -> None:
     said = facts("input.workers", DEMO_EVIDENCE)
     assert said == [
         "waiting for the next batch: 59% of step time (warning from 20%, error from 50%)",
-        "the job used 1 of 2 usable cores; other processes <0.01; 0.98 idle",
+        "the job used 1 of 2 usable cores; other processes <0.01 cores; 0.98 cores idle",
         "the loading time (61 samples): dataset code 100% (96%-100%)",
         "expected with the fix: 1.7x the speed",
     ]

@@ -87,6 +87,12 @@ def _cores_text(cores: float) -> str:
     return "<0.01" if 0 < cores < 0.005 else significant(cores, 2)
 
 
+def _cores_with_unit(cores: float) -> str:
+    """``0.0075 cores``, ``1 core``."""
+    text = _cores_text(cores)
+    return f"{text} {'core' if text == '1' else 'cores'}"
+
+
 def format_bytes(n: float) -> str:
     """``512 B``, ``1.5 KiB``, ``15.8 GiB``."""
     value = float(n)
@@ -345,11 +351,11 @@ def _cores(ev: Mapping[str, Any], used: set[str]) -> str | None:
     used.update(("job_cpu_cores", "usable_cores"))
     others = _number(ev.get("others_cpu_cores"))
     if others is not None:
-        parts.append(f"other processes {_cores_text(others)}")
+        parts.append(f"other processes {_cores_with_unit(others)}")
         used.add("others_cpu_cores")
     spare = _number(ev.get("spare_cores"))
     if spare is not None:
-        parts.append(f"{_cores_text(spare)} idle" if spare > 0 else "none idle")
+        parts.append(f"{_cores_with_unit(spare)} idle" if spare > 0 else "none idle")
         used.add("spare_cores")
     return "; ".join(parts)
 
