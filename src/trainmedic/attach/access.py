@@ -13,20 +13,14 @@ from __future__ import annotations
 
 import os
 
+from trainmedic.host.threadstate import read_text
+
 CAP_SYS_PTRACE = 19
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def has_cap_sys_ptrace(proc: str = "/proc") -> bool:
     """Whether this process holds ``CAP_SYS_PTRACE`` in its effective set."""
-    status = _read(f"{proc}/self/status") or ""
+    status = read_text(f"{proc}/self/status") or ""
     for line in status.splitlines():
         if line.startswith("CapEff:"):
             try:
@@ -38,7 +32,7 @@ def has_cap_sys_ptrace(proc: str = "/proc") -> bool:
 
 def ptrace_scope(proc: str = "/proc") -> int | None:
     """Yama's ``ptrace_scope`` (``None``: no Yama)."""
-    text = _read(f"{proc}/sys/kernel/yama/ptrace_scope")
+    text = read_text(f"{proc}/sys/kernel/yama/ptrace_scope")
     try:
         return int(text.strip()) if text is not None else None
     except ValueError:
@@ -47,7 +41,7 @@ def ptrace_scope(proc: str = "/proc") -> int | None:
 
 def owner(pid: int, proc: str = "/proc") -> int | None:
     """The real user id of ``pid`` (``None``: gone)."""
-    status = _read(f"{proc}/{pid}/status") or ""
+    status = read_text(f"{proc}/{pid}/status") or ""
     for line in status.splitlines():
         if line.startswith("Uid:"):
             try:

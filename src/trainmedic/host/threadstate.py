@@ -165,6 +165,16 @@ def kernel_class(k: KernelState) -> str | None:
     return None
 
 
+def read_text(path: str) -> str | None:
+    """A whole ``/proc`` or ``/sys`` file as text (bytes outside ASCII replaced);
+    ``None`` when it is gone or cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _read(path: str, size: int) -> str | None:
     try:
         fd = os.open(path, os.O_RDONLY)

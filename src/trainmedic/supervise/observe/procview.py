@@ -31,7 +31,7 @@ import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmedic.host.threadstate import parse_syscall
+from trainmedic.host.threadstate import parse_syscall, read_text
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -71,14 +71,6 @@ class ProcSnapshot:
     fd: int | None = None
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def _stat_fields(text: str | None) -> tuple[str | None, float | None]:
     """State letter and utime+stime seconds from a ``stat`` file."""
     if not text:
@@ -111,28 +103,28 @@ def read_process(
     """The snapshot of ``pid``; ``None`` when it is gone. ``probe_tid`` / ``sampler_tid``:
     the probe's threads, whose CPU and I/O are summed apart (``probe_*``)."""
     base = f"{root}/{pid}"
-    state, cpu = _stat_fields(_read(f"{base}/stat"))
+    state, cpu = _stat_fields(read_text(f"{base}/stat"))
     if state is None:
         return None
-    chars, dirtied = _io_fields(_read(f"{base}/io"))
+    chars, dirtied = _io_fields(read_text(f"{base}/io"))
     probe_cpu = probe_chars = None
     for tid in (probe_tid, sampler_tid):
         if tid is None or tid == pid:
             continue
-        _, tid_cpu = _stat_fields(_read(f"{base}/task/{tid}/stat"))
-        tid_chars, _ = _io_fields(_read(f"{base}/task/{tid}/io"))
+        _, tid_cpu = _stat_fields(read_text(f"{base}/task/{tid}/stat"))
+        tid_chars, _ = _io_fields(read_text(f"{base}/task/{tid}/io"))
         if tid_cpu is not None:
             probe_cpu = (probe_cpu or 0.0) + tid_cpu
         if tid_chars is not None:
             probe_chars = (probe_chars or 0) + tid_chars
     run_wait = wakeups = None
-    sched = _read(f"{base}/schedstat")
+    sched = read_text(f"{base}/schedstat")
     if sched:
         with contextlib.suppress(IndexError, ValueError):
             fields = sched.split()
             run_wait = int(fields[1]) / 1e9
             wakeups = int(fields[2])
-    syscall, fd = parse_syscall(_read(f"{base}/syscall"))
+    syscall, fd = parse_syscall(read_text(f"{base}/syscall"))
     return ProcSnapshot(
         pid=pid,
         cpu_s=cpu,
@@ -186,7 +178,7 @@ def socket_peers(pid: int, root: str = "/proc", limit: int = 3) -> list[str]:
                 inodes.add(target[8:-1])
     peers: list[str] = []
     for table, v6 in (("tcp", False), ("tcp6", True)):
-        text = _read(f"{root}/{pid}/net/{table}") if inodes else None
+        text = read_text(f"{root}/{pid}/net/{table}") if inodes else None
         for line in (text or "").splitlines()[1:]:
             fields = line.split()
             # State 01 is ESTABLISHED: a connection, not a listening socket.
@@ -200,7 +192,7 @@ def socket_peers(pid: int, root: str = "/proc", limit: int = 3) -> list[str]:
 def _socket_peer(pid: int, inode: str, root: str) -> str | None:
     """``host:port`` of the remote end of the TCP socket ``inode``."""
     for name, v6 in (("tcp", False), ("tcp6", True)):
-        text = _read(f"{root}/{pid}/net/{name}")
+        text = read_text(f"{root}/{pid}/net/{name}")
         if not text:
             continue
         for line in text.splitlines()[1:]:
@@ -255,11 +247,11 @@ def flushed_bytes(dev: int | None, proc: str = "/proc", sys: str = "/sys") -> in
     the whole machine's writeback when the device has no statistics (overlay,
     network and memory filesystems)."""
     if dev is not None and os.major(dev) != 0:
-        text = _read(f"{sys}/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+        text = read_text(f"{sys}/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
         if text:
             with contextlib.suppress(IndexError, ValueError):
                 return int(text.split()[6]) * 512
-    text = _read(f"{proc}/vmstat")
+    text = read_text(f"{proc}/vmstat")
     if text:
         for line in text.splitlines():
             if line.startswith("nr_written "):
