@@ -10,7 +10,7 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
   is measured inside the compiled step, around the iterator's ``get_next`` that
   Keras traces into it (:class:`ReadyStamp`), and read at the step's end; the
   step's compute is the rest. Each pipeline fit trains from is described once
-  (``get_tf_dataset`` of every data adapter, :class:`Pipelines`). With
+  (``get_tf_dataset`` of every data adapter, :mod:`trainmedic.probe.tf_pipelines`). With
   ``steps_per_execution`` above 1 a call runs several steps: they are counted,
   their wait is not measured (``probe_degraded`` says so).
 * **Phases**: ``evaluate`` (and ``fit``'s validation) is the ``eval`` phase,
@@ -23,7 +23,8 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
   optimizer's ``apply`` ends the step. Inside ``fit`` the callbacks mark the
   steps instead.
 * **Custom loops whose step is a ``tf.function``**: a function whose trace takes a
-  gradient or applies an optimizer is a training step (:class:`FunctionSteps`); each
+  gradient or applies an optimizer is a training step
+  (:mod:`trainmedic.probe.tf_function_steps`); each
   eager call of it is one step, its compute the call. The batch is waited for
   either before the call (an eagerly iterated pipeline: ``__next__``) or inside it
   (``next(iterator)`` traced into the function): then a stamp of the function's
@@ -32,6 +33,11 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
 Every hook runs on the training thread and does a few stores and, at some steps'
 ends, one read of the stamp's variable (about 40 us: :data:`READ_EVERY_S`); a hook
 that fails switches the ``keras`` probe part off, never the job.
+
+The pipelines' descriptions are :mod:`trainmedic.probe.tf_pipelines`', the
+``tf.function`` steps :mod:`trainmedic.probe.tf_function_steps`'. What stays here (about
+730 lines) installs Keras 3 and Keras 2 from one flavour table: its callbacks, phases,
+saves and eager custom-loop hooks share one step stamp and one tracker.
 """
 
 from __future__ import annotations
@@ -43,7 +49,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainmedic.probe.tf_facts import AT_STEPS
 from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
@@ -397,7 +402,9 @@ def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
     path, method, _ = flavour.adapter
     adapter = hooked(path, method)
     if adapter is not None and steps.stamp is not None:
-        _install_pipelines(adapter, method, part, probe)
+        from trainmedic.probe.tf_pipelines import install_pipelines
+
+        install_pipelines(adapter, method, part, probe)
     for path, method, _ in flavour.saves:
         cls = hooked(path, method)
         if cls is not None:
@@ -479,7 +486,9 @@ def _install_callbacks(cls: Any, steps: KerasSteps, probe: Probe) -> None:
     _patch(cls, "on_predict_end", phase(None), probe)
     _patch(cls, "on_train_begin", fit(True), probe)
     _patch(cls, "on_train_end", fit(False), probe)
-    seen = pipelines(probe)
+    from trainmedic.probe import tf_pipelines
+
+    seen = tf_pipelines.pipelines(probe)
 
     def epoch_begin(original: Any) -> Any:
         def wrapper(self: Any, epoch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -498,267 +507,6 @@ def _subclasses(cls: type) -> Iterator[type]:
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)
-
-
-class Pipelines:
-    """Tells the supervisor of each ``tf.data`` pipeline the job trains from, once: a
-    loader record (``tf.data``, its batch size) and a ``tfdata_pipeline`` event with its
-    stages (:func:`trainmedic.probe.tf_data.describe`)."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
-        self.seen: dict[str, int] = {}
-        self.repeat_said = False
-
-    def epoch_again(self, how: str) -> None:
-        """The job goes over its data again (a second epoch), said once in a
-        ``tfdata_epochs`` event: what a ``.cache()`` would save from now on."""
-        if self.repeat_said:
-            return
-        self.repeat_said = True
-        probe = self.probe
-        probe.emit(probe.event(EventKind.TFDATA_EPOCHS, f"tf.data: a second epoch ({how})",
-                               {"how": how}))  # fmt: skip
-
-    def seen_dataset(self, dataset: Any) -> None:
-        from trainmedic.probe.tf_data import describe, summary
-        from trainmedic.record.types import LoaderInfo
-
-        probe = self.probe
-        described = describe(dataset)
-        line = summary(described)
-        if line in self.seen:
-            self.epoch_again("the pipeline iterated again")
-            return
-        self.seen[line] = loader_id = len(self.seen) + 1
-        batch = described["batch_size"]
-        probe.emit(LoaderInfo(
-            t=probe.wall(), pid=probe.pid, loader_id=loader_id, num_workers=0,
-            batch_size=batch if isinstance(batch, int) and batch > 0 else None,
-            pin_memory=False, prefetch_factor=None, persistent_workers=False,
-            dataset_type="tf.data", dataset_len=None,
-        ))  # fmt: skip
-        probe.emit(probe.event(EventKind.TFDATA_PIPELINE, f"tf.data pipeline {loader_id}: {line}",
-                               {**described, "loader_id": loader_id, "summary": line}))  # fmt: skip
-
-
-def pipelines(probe: Probe) -> Pipelines:
-    """The probe's :class:`Pipelines` (one per process)."""
-    found = probe.tf_pipelines
-    if found is None:
-        found = Pipelines(probe)
-        probe.tf_pipelines = found
-    return found
-
-
-def _install_pipelines(base: type, method: str, part: Part, probe: Probe) -> None:
-    """Each data adapter's ``method`` (``get_tf_dataset``): the pipeline fit trains
-    from, described."""
-    seen = pipelines(probe)
-
-    def make(original: Any) -> Any:
-        def get_tf_dataset(self: Any, *args: Any, **kwargs: Any) -> Any:
-            dataset = original(self, *args, **kwargs)
-            if part.on:
-                try:
-                    seen.seen_dataset(dataset)
-                except Exception as exc:
-                    part.fail(exc)
-            return dataset
-
-        return get_tf_dataset
-
-    for cls in [base, *_subclasses(base)]:
-        if method in cls.__dict__:
-            _patch(cls, method, make, probe)
-
-
-ITERATORS = (
-    ("tensorflow.python.data.ops.iterator_ops.OwnedIterator", ("get_next",)),
-    ("tensorflow.python.distribute.input_lib._SingleWorkerDatasetIteratorBase",
-     ("get_next_as_list", "get_next_as_optional_list")),
-)  # fmt: skip
-"""The iterators whose batch a compiled step traces, and the methods that take it: a
-plain pipeline's, and each input worker's of a distribution strategy. A strategy's own
-iterator (:data:`STRATEGY_ITERATOR`) is stamped only where the per-worker one is not
-found: its ``get_next`` also counts, across workers, the replicas that still have data
-(a collective), so around it every worker would wait as long as the slowest one."""
-STRATEGY_ITERATOR = ("tensorflow.python.distribute.input_lib.DistributedIteratorBase",
-                     ("get_next",))  # fmt: skip
-
-
-class FunctionSteps:
-    """Custom loops whose step is a ``tf.function`` (module docstring).
-
-    A function's first call traces it; while it traces, the tape's ``gradient`` and the
-    optimizer's ``apply`` (their traced calls) say that it trains (:meth:`traced`). Its
-    later calls are steps: the call's time is the step's compute, less the wait for a
-    batch taken inside it, which a :class:`ReadyStamp` of its own measures.
-    """
-
-    def __init__(self, probe: Probe, tracker: StepTracker, part: Part, tf: Any) -> None:
-        self.probe = probe
-        self.tracker = tracker
-        self.part = part
-        self.tf = tf
-        self.trains = False
-        """A gradient or an optimizer's apply was traced since the outermost call began."""
-        self.training: set[int] = set()
-        """``id`` of each function known to train (functions live as long as the job's loop)."""
-        self.stamps: dict[int, ReadyStamp] = {}
-        self.local = threading.local()
-        """``stamp``: the stamp of the function this thread is calling (tracing) now;
-        ``depth``: stamped iterator calls open (a strategy's nest its workers')."""
-        self.facts_next = 0
-        """Index in :data:`~trainmedic.probe.tf_facts.AT_STEPS` of the next reading."""
-
-    def after_step(self) -> None:
-        """A training step ended: at the step counts of
-        :data:`~trainmedic.probe.tf_facts.AT_STEPS`, the job's GPU settings and memory
-        are read and sent (a ``tf_gpu`` event); a job on no GPU is read once."""
-        at = self.facts_next
-        if at >= len(AT_STEPS) or self.tracker.train_steps < AT_STEPS[at]:
-            return
-        n = self.tracker.train_steps
-        while at < len(AT_STEPS) and n >= AT_STEPS[at]:
-            at += 1
-        self.facts_next = at
-        self.send_facts()
-
-    def send_facts(self) -> None:
-        import sys
-
-        from trainmedic.probe.tf_facts import read
-
-        keras = self.probe.keras
-        facts = read(self.tf, dict(sys.modules), keras.jit_compile if keras else None)
-        if facts is None:
-            self.facts_next = len(AT_STEPS)
-            return
-        growth = [g.get("memory_growth") for g in facts["gpus"]]
-        peak = max((g.get("peak_bytes", 0) for g in facts["gpus"]), default=0)
-        probe = self.probe
-        probe.emit(probe.event(
-            EventKind.TF_GPU,
-            f"TensorFlow on {len(growth)} GPU(s): memory growth {growth}, pool peak "
-            f"{peak / 2**30:.2f} GiB, dtype policy {facts['dtype_policy']}, "
-            f"jit_compile {facts['jit_compile']}",
-            facts,
-        ))  # fmt: skip
-
-    def traced(self) -> None:
-        """A gradient or an optimizer step is being traced into a function."""
-        self.trains = True
-
-    def tracing_stamp(self) -> ReadyStamp | None:
-        """The stamp of the outermost function the calling thread is in, if any."""
-        return getattr(self.local, "stamp", None)
-
-    def traced_batch(self, call: Callable[[], Any]) -> Any:
-        """A batch taken inside a compiled step being traced, by ``call()``: stamped with
-        fit's stamp inside ``fit``, else with the function's own; only the outermost
-        call (a strategy's iterator calls its workers' inside)."""
-        keras = self.probe.keras
-        stamp = keras.stamp if keras is not None and keras.in_fit else self.tracing_stamp()
-        n = getattr(self.local, "depth", 0)
-        if n or stamp is None or not self.part.on:
-            return call()
-        self.local.depth = n + 1
-        try:
-            return stamp.around(call, self.part.fail)
-        finally:
-            self.local.depth = n
-
-    def call(self, function: Any, original: Callable[[], Any]) -> Any:
-        """An eager call of ``function`` on the training thread, made by ``original()``."""
-        key = id(function)
-        stamp = self.stamps.get(key)
-        if stamp is None:
-            stamp = self.stamps[key] = ReadyStamp(self.tf)
-        self.trains = False
-        self.local.stamp = stamp
-        clock = self.probe.clock
-        begin = clock()
-        try:
-            result = original()
-        finally:
-            self.local.stamp = None
-        try:
-            if self.trains:
-                self.trains = False
-                self.training.add(key)
-            if key in self.training:
-                now = clock()
-                stamped_step(self.tracker, begin, now, stamp.step_wait(now - begin))
-                self.after_step()
-        except Exception as exc:
-            self.part.fail(exc)
-        return result
-
-
-def function_steps(probe: Probe, tf: Any) -> FunctionSteps:
-    """The probe's :class:`FunctionSteps` (one per process)."""
-    found = probe.tf_functions
-    if found is None:
-        found = FunctionSteps(probe, probe.ensure_tracker(), probe.parts["keras"], tf)
-        probe.tf_functions = found
-    return found
-
-
-def _install_functions(tf: Any, functions: FunctionSteps, probe: Probe) -> bool:
-    """Every ``tf.function``'s eager call, for :class:`FunctionSteps`. Returns whether
-    TensorFlow's function class was found."""
-    cls = _resolve("tensorflow.python.eager.polymorphic_function.polymorphic_function.Function")
-    if not isinstance(cls, type) or "__call__" not in cls.__dict__:
-        return False
-    part = functions.part
-    state = probe.state
-    eagerly = tf.executing_eagerly
-
-    def make(original: Any) -> Any:
-        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            keras = probe.keras
-            if (
-                not part.on
-                or _get_ident() != state.training_ident
-                or (keras is not None and keras.in_fit)
-                or functions.tracing_stamp() is not None
-                or not eagerly()
-            ):
-                return original(self, *args, **kwargs)
-            return functions.call(self, lambda: original(self, *args, **kwargs))
-
-        return __call__
-
-    _patch(cls, "__call__", make, probe)
-    return True
-
-
-def _install_traced_next(tf: Any, functions: FunctionSteps, probe: Probe) -> None:
-    """The iterators' ``get_next`` traced into a compiled step:
-    :meth:`FunctionSteps.traced_batch`. An eager call is left alone."""
-    eagerly = tf.executing_eagerly
-
-    def make(original: Any) -> Any:
-        def taken(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if eagerly():
-                return original(self, *args, **kwargs)
-            return functions.traced_batch(lambda: original(self, *args, **kwargs))
-
-        return taken
-
-    worker_found = False
-    for path, methods in ITERATORS:
-        cls = _resolve(path)
-        for method in methods:
-            if cls is not None and method in cls.__dict__:
-                _patch(cls, method, make, probe)
-                worker_found = worker_found or "SingleWorker" in path
-    if not worker_found:
-        path, methods = STRATEGY_ITERATOR
-        cls = _resolve(path)
-        if cls is not None and "get_next" in cls.__dict__:
-            _patch(cls, "get_next", make, probe)
 
 
 def _wrap_phase(cls: Any, name: str, phase: str, steps: KerasSteps, probe: Probe) -> None:
@@ -917,7 +665,9 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
     clock = probe.clock
     state = probe.state
     eagerly = tf.executing_eagerly
-    functions = function_steps(probe, tf)
+    from trainmedic.probe import tf_function_steps, tf_pipelines
+
+    functions = tf_function_steps.function_steps(probe, tf)
 
     def make(original: Any) -> Any:
         def __next__(self: Any) -> Any:
@@ -948,12 +698,12 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
         return __next__
 
     _patch(owned, "__next__", make, probe)
-    _install_traced_next(tf, functions, probe)
+    tf_function_steps.install_traced_next(tf, functions, probe)
     _install_checkpoint_manager(probe)
     tape = _resolve("tensorflow.python.eager.backprop.GradientTape")
     if tape is not None:
         _install_compute(tape, "gradient", "backward", tf, None, probe, functions.traced)
-    if not _install_functions(tf, functions, probe):
+    if not tf_function_steps.install_functions(tf, functions, probe):
         probe.emit(probe.event(
             EventKind.PROBE_DEGRADED,
             "probe: TensorFlow's tf.function class is not where the probe looks: the steps "
@@ -962,7 +712,7 @@ def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
         ))  # fmt: skip
     dataset_cls = _resolve("tensorflow.python.data.ops.dataset_ops.DatasetV2")
     if dataset_cls is not None:
-        seen = pipelines(probe)
+        seen = tf_pipelines.pipelines(probe)
 
         def make_iter(original: Any) -> Any:
             def __iter__(self: Any) -> Any:

@@ -55,11 +55,13 @@ if TYPE_CHECKING:
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.forensics import StackDumps
-    from trainmedic.probe.keras_hooks import FunctionSteps, KerasSteps, Pipelines
+    from trainmedic.probe.keras_hooks import KerasSteps
     from trainmedic.probe.profile_window import ProfileWindow
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam
     from trainmedic.probe.steps import StepDraft, StepTracker
+    from trainmedic.probe.tf_function_steps import FunctionSteps
+    from trainmedic.probe.tf_pipelines import Pipelines
     from trainmedic.record.types import RunEvent
 
 MAX_OUTBOX = 100_000

@@ -25,6 +25,11 @@ change (other processes' CPU, the training thread's wait for a CPU, steal,
 the cgroup's throttling, the GPU's clocks, other processes on the GPU, another
 host or GPU model). What the user changed on purpose (the command, torch's
 version) is listed, not held against the verdict.
+
+The block bootstrap and its noise floor are :mod:`.compare_stats`'; the confounders
+and drifting runs :mod:`.compare_confounders`'. What stays here (about 650 lines) is
+one pipeline: each run's facts, the verdict they lead to, and the side-by-side rows,
+which change together whenever a measure is added to the comparison.
 """
 
 from __future__ import annotations
@@ -40,11 +45,20 @@ from typing import Any
 
 from trainmedic.diagnose.view import RunView
 from trainmedic.findings.model import Finding, Severity
-from trainmedic.record.stats import RunSummary, StepSpan
+from trainmedic.record.stats import RunSummary
 from trainmedic.record.types import RunRecord
+from trainmedic.report.compare_confounders import (
+    confounders,
+    differences,
+    warming_up,
+)
+from trainmedic.report.compare_stats import (
+    blocks_of,
+    bootstrap_ratio,
+    halves,
+    widened,
+)
 
-BLOCKS = 20
-"""Blocks each run is cut into for the bootstrap (fewer when a run is short)."""
 MIN_STEPS = 20
 """Fewer steady steps than this in a run and the verdict is ``inconclusive``."""
 RUN_NOISE = 0.12
@@ -54,13 +68,6 @@ log of a run's rate. Measured on the project's shared 2-core machine at 0.093-0.
 docs/compare.md), rounded up for the uncertainty of an 8-run estimate. The interval
 is never narrower than this allows for the runs compared; ``--run-noise`` sets a
 machine's own (a dedicated GPU server is far quieter)."""
-WARMUP_TREND = 0.15
-"""A run whose second half of steady steps ran this much faster (or slower) than its
-first was still warming up (or slowing down): its rate is no one figure."""
-CONFOUNDER_MIN = {"others_cores": 0.25, "wait": 0.05, "steal": 5.0, "throttled": 0.05,
-                  "clock": 0.05}  # fmt: skip
-"""How much a confounder must differ between the sides to be weighed at all: others'
-CPU in cores, shares of time, steal in percent, the GPU's clock as a fraction."""
 RESAMPLES = 4000
 CONFIDENCE = 0.95
 MIN_EFFECT = 0.03
@@ -286,8 +293,9 @@ def compare_groups(
         verdict = "inconclusive"
     elif speedup is not None:
         rng = random.Random(seed)
-        ci = _widened(_bootstrap_groups(runs_b, runs_a, resamples, confidence, rng),
-                      speedup, len(runs_b), len(runs_a), run_noise, confidence)  # fmt: skip
+        drawn = bootstrap_ratio([r.blocks for r in runs_b], [r.blocks for r in runs_a],
+                                resamples, confidence, rng)  # fmt: skip
+        ci = widened(drawn, speedup, len(runs_b), len(runs_a), run_noise, confidence)
         judged = ci
         factor = (1.0 - b.others_wait_share) / (1.0 - a.others_wait_share)
         if abs(a.others_wait_share - b.others_wait_share) >= LOAD_CHANGE:
@@ -307,16 +315,16 @@ def compare_groups(
         # adjusted figure alone would leave the verdict open.
         raw = _verdict(ci, min_effect)
         if raw in ("faster", "slower"):
-            reasons += _confounders(b, a, ci, min_effect, raw)
+            reasons += confounders(b, a, ci, min_effect, raw)
         elif verdict in ("faster", "slower"):
-            reasons += _confounders(b, a, judged, min_effect, verdict)
+            reasons += confounders(b, a, judged, min_effect, verdict)
         if verdict == "inconclusive" and not reasons:
             # Open already: what else differed is said beside the noise, whichever way
             # it would have pushed.
             direction = "faster" if speedup >= 1.0 else "slower"
             reasons += [why + ": it alone can change the speed"
-                        for _, why in _differences(b, a, direction)]  # fmt: skip
-        trends = _warming_up(runs_b, runs_a)
+                        for _, why in differences(b, a, direction)]  # fmt: skip
+        trends = warming_up(runs_b, runs_a)
         if verdict in ("faster", "slower") and not reasons:
             # A run's rate drifting by a factor can bias its figure by as much: it holds
             # the verdict open only where that is enough to explain the change.
@@ -403,107 +411,6 @@ def _more_evidence(
     return f"{said} (trainmedic bench --runs {more}) would decide it"
 
 
-def _warming_up(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[tuple[float, str]]:
-    """Runs whose second half of steady steps ran :data:`WARMUP_TREND` faster or slower
-    than their first: (the most it can move its side's figure, as a factor; in words).
-
-    A run drifting by a factor ``d`` may be off by as much itself; its side's figure, the
-    mean of that side's run rates, moves by its weight in that mean: ``1 + w (d - 1)``,
-    so one drifting run of three moves its side by about a third of its drift."""
-    out = []
-    for side in (b, a):
-        total = sum(r.rate or 0.0 for r in side)
-        for r in side:
-            if r.halves is None or min(r.halves) <= 0:
-                continue
-            first, second = r.halves
-            if abs(second / first - 1.0) < WARMUP_TREND:
-                continue
-            drift = max(second / first, first / second)
-            weight = (r.rate or 0.0) / total if total > 0 and len(side) > 1 else 1.0
-            how = "speeding up" if second > first else "slowing down"
-            out.append((
-                1.0 + weight * (drift - 1.0),
-                f"{r.name} was still {how}: its second half of steady steps ran "
-                f"{second / first:.2f}x the rate of its first (run longer, or the rate "
-                "is no one figure)",
-            ))  # fmt: skip
-    return out
-
-
-_LOST_TIME: tuple[tuple[str, Callable[[RunFacts], float | None], float, str], ...] = (
-    ("wait", lambda r: r.train_cpu_wait_share, 1.0,
-     "the training thread waited for a CPU {s:.0%} of its time in {slow} and {f:.0%} in {fast}"),
-    ("steal", lambda r: r.steal_pct, 100.0,
-     "the hypervisor stole {s:.0f} % of the CPU during {slow} and {f:.0f} % during {fast}"),
-    ("throttled", lambda r: r.throttled_share, 1.0,
-     "the cgroup's CPU quota stopped the job {s:.0%} of the time in {slow} and {f:.0%} in "
-     "{fast}"),
-)  # fmt: skip
-"""The confounders that take a share of the job's time: (key in :data:`CONFOUNDER_MIN`,
-the reading, its scale to a share, the words)."""
-
-
-def _confounders(
-    b: RunFacts, a: RunFacts, judged: tuple[float, float], min_effect: float, verdict: str
-) -> list[str]:
-    """What differs between the sides enough to explain the measured change: each as
-    (the largest slow-down it could cause, in words). It explains the change when the
-    verdict no longer holds once the slower side is given that much back."""
-    lo, hi = judged
-    reasons = []
-    for most, why in _differences(b, a, verdict):
-        # Give the slower side back the most this confounder could have cost it.
-        if verdict == "faster":
-            holds = lo / most > 1.0 + min_effect
-        else:
-            holds = hi * most < 1.0 - min_effect
-        if not holds:
-            reasons.append(why + ": enough to explain the change")
-    return reasons
-
-
-def _differences(b: RunFacts, a: RunFacts, verdict: str) -> list[tuple[float, str]]:
-    """What differs between the sides against the slower one (``verdict``: ``faster``,
-    the before side is the slower): each as (the largest slow-down it could cause,
-    in words)."""
-    slow, fast = (b, a) if verdict == "faster" else (a, b)
-    found: list[tuple[float, str]] = []
-
-    def diff(x: float | None, y: float | None) -> float:
-        return (x or 0.0) - (y or 0.0)
-
-    others = diff(slow.others_cpu_cores, fast.others_cpu_cores)
-    if others >= CONFOUNDER_MIN["others_cores"]:
-        cores = slow.usable_cores or fast.usable_cores or 1.0
-        found.append((1.0 + others / cores,
-                      f"other processes used {slow.others_cpu_cores or 0:.2f} cores during the "
-                      f"slower side ({slow.name}) and {fast.others_cpu_cores or 0:.2f} during "
-                      f"the faster ({fast.name}), of {cores:g}"))  # fmt: skip
-    for key, get, scale, text in _LOST_TIME:
-        lost = diff(get(slow), get(fast))
-        if lost >= CONFOUNDER_MIN[key]:
-            # A share of the time taken from the job slows it by up to 1 / (1 - share).
-            found.append((1.0 / max(0.05, 1.0 - lost / scale),
-                          text.format(s=get(slow) or 0.0, f=get(fast) or 0.0, slow=slow.name,
-                                      fast=fast.name)))  # fmt: skip
-    cs, cf = slow.gpu_sm_clock_mhz, fast.gpu_sm_clock_mhz
-    if cs and cf and cf / cs - 1.0 >= CONFOUNDER_MIN["clock"]:
-        found.append((cf / cs, f"the GPU ran at {cs:.0f} MHz in {slow.name} and {cf:.0f} MHz "
-                               f"in {fast.name} (heat or power limits)"))  # fmt: skip
-    if slow.foreign_gpu_processes > fast.foreign_gpu_processes:
-        found.append((math.inf, f"{slow.foreign_gpu_processes} other process(es) used the GPU "
-                                f"during {slow.name}, {fast.foreign_gpu_processes} during "
-                                f"{fast.name}"))  # fmt: skip
-    if slow.host and fast.host and slow.host != fast.host:
-        found.append((math.inf, f"the runs ran on different hosts ({b.host} before, {a.host} "
-                                "after)"))  # fmt: skip
-    if slow.gpu_models and fast.gpu_models and slow.gpu_models != fast.gpu_models:
-        found.append((math.inf, f"the runs ran on different GPUs ({', '.join(b.gpu_models)} "
-                                f"before, {', '.join(a.gpu_models)} after)"))  # fmt: skip
-    return found
-
-
 def _ended_badly(views: Sequence[RunView], names: Sequence[str]) -> list[str]:
     """Runs whose job failed or was killed: their steps up to then are compared, and
     the comparison says so (a fix that makes a job crash is no speed-up)."""
@@ -550,7 +457,7 @@ def _facts(view: RunView, name: str, samples: bool) -> RunFacts:
     s = view.summary
     spans = sorted(view.steady, key=lambda x: x.t_end)
     processes = view.concurrent_processes
-    blocks = _blocks(spans, samples, processes)
+    blocks = blocks_of(spans, samples, processes)
     units = sum(u for u, _ in blocks)
     seconds = sum(t for _, t in blocks)
     gpus = [g for g in s.gpus if g.used_by_job or g.used_by_job is None]
@@ -578,7 +485,7 @@ def _facts(view: RunView, name: str, samples: bool) -> RunFacts:
         host=_env(view, "host", "hostname"),
         gpu_models=tuple(sorted({str(g.get("name")) for g in _gpus(view) if g.get("name")})),
         torch_version=_env(view, "torch", "version"),
-        halves=_halves(blocks),
+        halves=halves(blocks),
         script=_script(view),
     )
 
@@ -614,19 +521,6 @@ def _foreign_gpu_processes(view: RunView) -> int:
     indices = set(view.job_gpu_indices)
     return len({p.pid for g in view.record.gpu if g.index in indices
                 for p in g.processes if p.pid not in jobs})  # fmt: skip
-
-
-def _halves(blocks: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """The rate of the first and the second half of a run's blocks (``None``: too few)."""
-    if len(blocks) < 4:
-        return None
-    mid = len(blocks) // 2
-
-    def rate(part: Sequence[tuple[float, float]]) -> float:
-        seconds = sum(t for _, t in part)
-        return sum(u for u, _ in part) / seconds if seconds > 0 else 0.0
-
-    return rate(blocks[:mid]), rate(blocks[mid:])
 
 
 def _merge(runs: Sequence[RunFacts]) -> RunFacts:
@@ -671,70 +565,6 @@ def _others_wait_share(view: RunView) -> float:
     cores = view.usable_cores
     own_excess = max(0.0, (cpu.job_runnable_cores or 0.0) - (cores or float("inf")))
     return min(0.95, wait) if others >= own_excess else 0.0
-
-
-def _blocks(spans: Sequence[StepSpan], samples: bool, processes: int) -> list[tuple[float, float]]:
-    """(units, seconds) per block of consecutive spans; units are samples (or steps) times
-    the processes stepping side by side, so units/seconds is the job's rate."""
-    if not spans:
-        return []
-    steps = sum(s.count for s in spans)
-    n_blocks = max(1, min(BLOCKS, steps // 5))
-    per_block = steps / n_blocks
-    blocks: list[list[float]] = [[0.0, 0.0] for _ in range(n_blocks)]
-    seen = 0
-    for s in spans:
-        i = min(n_blocks - 1, int(seen / per_block))
-        units = (s.samples if samples and s.samples is not None else s.count) * processes
-        blocks[i][0] += units
-        blocks[i][1] += s.duration_s
-        seen += s.count
-    return [(u, t) for u, t in blocks if t > 0]
-
-
-def _bootstrap_groups(
-    b: Sequence[RunFacts], a: Sequence[RunFacts], resamples: int, confidence: float,
-    rng: random.Random,
-) -> tuple[float, float]:  # fmt: skip
-    """Two-level bootstrap of the after/before rate ratio: runs drawn with replacement,
-    then each drawn run's blocks; a side's rate is the mean of its drawn runs' rates."""
-
-    def side(runs: Sequence[RunFacts]) -> float:
-        drawn = [runs[rng.randrange(len(runs))] for _ in runs]
-        return statistics.fmean(_resampled_rate(r.blocks, rng) for r in drawn)
-
-    ratios = []
-    for _ in range(resamples):
-        rb = side(b)
-        ra = side(a)
-        if rb > 0:
-            ratios.append(ra / rb)
-    ratios.sort()
-    tail = (1.0 - confidence) / 2.0
-    lo = ratios[max(0, math.floor(tail * len(ratios)))]
-    hi = ratios[min(len(ratios) - 1, math.ceil((1.0 - tail) * len(ratios)) - 1)]
-    return lo, hi
-
-
-def _widened(
-    interval: tuple[float, float], speedup: float, runs_b: int, runs_a: int,
-    run_noise: float, confidence: float,
-) -> tuple[float, float]:  # fmt: skip
-    """``interval`` made at least as wide, around ``speedup``, as run-to-run noise of
-    ``run_noise`` (log standard deviation a run) allows for this many runs a side."""
-    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
-    half = z * run_noise * math.sqrt(1.0 / runs_b + 1.0 / runs_a)
-    centre = math.log(speedup)
-    return min(interval[0], math.exp(centre - half)), max(interval[1], math.exp(centre + half))
-
-
-def _resampled_rate(blocks: Sequence[tuple[float, float]], rng: random.Random) -> float:
-    units = seconds = 0.0
-    for _ in range(len(blocks)):
-        u, t = blocks[rng.randrange(len(blocks))]
-        units += u
-        seconds += t
-    return units / seconds if seconds > 0 else 0.0
 
 
 # --- side by side ---------------------------------------------------------------------------
