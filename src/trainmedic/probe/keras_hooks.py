@@ -8,7 +8,8 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
   wait for data. The callbacks' ``on_train_batch_begin``/``on_train_batch_end``
   (:class:`CallbackList`, wrapped once for every model) bracket the step; the wait
   is measured inside the compiled step, around the iterator's ``get_next`` that
-  Keras traces into it (:class:`ReadyStamp`), and read at the step's end; the
+  Keras traces into it
+  (:class:`~trainmedic.probe.tf_ready_stamp.ReadyStamp`), and read at the step's end; the
   step's compute is the rest. Each pipeline fit trains from is described once
   (``get_tf_dataset`` of every data adapter, :mod:`trainmedic.probe.tf_pipelines`). With
   ``steps_per_execution`` above 1 a call runs several steps: they are counted,
@@ -20,8 +21,8 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
 * **Custom loops** (``tf.GradientTape`` and ``optimizer.apply_gradients`` run
   eagerly): the ``tf.data`` iterator's ``__next__`` is the wait for data, the
   model's outermost call and the tape's ``gradient`` are compute, the
-  optimizer's ``apply`` ends the step. Inside ``fit`` the callbacks mark the
-  steps instead.
+  optimizer's ``apply`` ends the step (:mod:`trainmedic.probe.tf_custom_loops`).
+  Inside ``fit`` the callbacks mark the steps instead.
 * **Custom loops whose step is a ``tf.function``**: a function whose trace takes a
   gradient or applies an optimizer is a training step
   (:mod:`trainmedic.probe.tf_function_steps`); each
@@ -31,24 +32,33 @@ TensorFlow 2.16 on) and ``tensorflow``; nothing here imports either first.
   own measures it in the graph, as in ``fit``.
 
 Every hook runs on the training thread and does a few stores and, at some steps'
-ends, one read of the stamp's variable (about 40 us: :data:`READ_EVERY_S`); a hook
+ends, one read of the stamp's variable (about 40 us:
+:data:`~trainmedic.probe.tf_ready_stamp.READ_EVERY_S`); a hook
 that fails switches the ``keras`` probe part off, never the job.
 
-The pipelines' descriptions are :mod:`trainmedic.probe.tf_pipelines`', the
-``tf.function`` steps :mod:`trainmedic.probe.tf_function_steps`'. What stays here (about
-730 lines) installs Keras 3 and Keras 2 from one flavour table: its callbacks, phases,
-saves and eager custom-loop hooks share one step stamp and one tracker.
+The pipelines' descriptions are :mod:`trainmedic.probe.tf_pipelines`', the stamp
+:mod:`trainmedic.probe.tf_ready_stamp`', the eager custom loops'
+:mod:`trainmedic.probe.tf_custom_loops`' (:func:`install_tensorflow`, which the probe
+calls from here), the ``tf.function`` steps :mod:`trainmedic.probe.tf_function_steps`', where
+and how a class is found and wrapped :mod:`trainmedic.probe.keras_apis`'. What stays here
+installs Keras 3 and Keras 2 from one flavour table: fit's callbacks and phases and the
+saves, with the custom loops' optimizer and layer hooks, sharing one stamp and tracker.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainmedic.probe.keras_apis import keras_degraded_data, keras_version, patch, resolve
+from trainmedic.probe.tf_custom_loops import install_compute, install_optimizer
+from trainmedic.probe.tf_custom_loops import (
+    install_tensorflow as install_tensorflow,  # the probe installs TensorFlow's hooks from here
+)
+from trainmedic.probe.tf_ready_stamp import ReadyStamp, stamped_step
 from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
@@ -59,6 +69,7 @@ if TYPE_CHECKING:
     from trainmedic.probe.steps import StepTracker
 
 _get_ident = threading.get_ident
+
 
 @dataclass(frozen=True)
 class Flavour:
@@ -114,154 +125,6 @@ TF_KERAS = Flavour(
            "the compute time of custom training loops"),
 )  # fmt: skip
 """Keras 2 (``tf_keras``, what ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras``)."""
-
-
-def _resolve(path: str) -> Any:
-    """The object at a dotted ``path`` (module attributes after the longest importable
-    module), or ``None``. Only packages the job imported are read: a submodule of one
-    may be imported, a package the job never imported never is (a Keras job on JAX
-    must not load TensorFlow)."""
-    import importlib
-    import sys
-
-    parts = path.split(".")
-    if parts[0] not in sys.modules:
-        return None
-    for cut in range(len(parts), 0, -1):
-        name = ".".join(parts[:cut])
-        module = sys.modules.get(name)
-        if module is None:
-            try:
-                module = importlib.import_module(name)
-            except Exception:
-                continue
-        obj: Any = module
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr, None)
-            if obj is None:
-                return None
-        return obj
-    return None
-
-
-READ_EVERY_S = 0.004
-"""Steps at least this long (seconds) read the stamps at their end: one read costs about
-40 us on a CPU, 1 % of such a step."""
-READ_EVERY_STEPS = 8
-"""Shorter steps read them every this many steps; the steps between get the mean wait
-of the steps the read covers."""
-
-
-class ReadyStamp:
-    """How long fit's steps waited for their batch, as the compiled step itself measures
-    it: totals in one variable, read at a step's end.
-
-    Keras traces its step function once; the iterator's ``get_next`` is called while it
-    traces (:func:`_install_traced_next` wraps it). There the wrapper adds, around the
-    graph's own ``get_next``, a ``tf.timestamp()`` before it, one after the batch (with
-    a control dependency on the batch), and adds their difference and one step to the
-    variable's totals. They run inside the step's graph at every step: a few
-    microseconds, no Python, no change to the pipeline or its elements.
-
-    Reading the variable costs about 40 us; a step that long or longer than
-    :data:`READ_EVERY_S` reads it, shorter ones every :data:`READ_EVERY_STEPS` steps. A
-    read gives the wait of the steps since the last one (exact for one step).
-
-    The variable is made at the first trace, not at import: making it starts
-    TensorFlow's runtime, after which the job could no longer set its GPU options.
-    """
-
-    def __init__(self, tf: Any) -> None:
-        self._tf = tf
-        self._var: Any = None
-        self._last = (0.0, 0.0)
-        self.mean_wait: float | None = None
-        """The mean wait a step (seconds) of the steps the last read covered."""
-        self.unread = 0
-        """Steps since the variable was last read."""
-
-    def _variable(self) -> Any:
-        """``[total wait (s), steps]``."""
-        if self._var is None:
-            tf = self._tf
-            # The class itself, not tf.Variable: tf.Variable goes through the variable
-            # creators of a distribution strategy's scope, which would make a mirrored
-            # variable (initialised by a broadcast across workers, updated on every
-            # replica). This one is this process's own counter, never synchronised.
-            plain = _resolve("tensorflow.python.ops.resource_variable_ops.ResourceVariable")
-            with tf.init_scope(), tf.device("/CPU:0"):
-                self._var = (plain or tf.Variable)(tf.zeros([2], tf.float64), trainable=False,
-                                                   name="trainmedic_batch_wait")  # fmt: skip
-        return self._var
-
-    def around(self, get_next: Callable[[], Any], failed: Callable[[Exception], None]) -> Any:
-        """``get_next()`` traced between the two stamps (see the class docstring), called
-        exactly once whatever fails: a second call would take a second batch a step."""
-        tf = self._tf
-        try:
-            totals = self._variable()
-            asked = tf.timestamp()
-        except Exception as exc:
-            failed(exc)
-            return get_next()
-        with tf.control_dependencies([asked]):
-            batch = get_next()
-        try:
-            # A strategy's batch is a PerReplica (a composite): its tensors are inside.
-            flat = tf.nest.flatten(batch, expand_composites=True)
-            tensors = [t for t in flat if isinstance(t, tf.Tensor)]
-            with tf.control_dependencies(tensors):
-                ready = tf.timestamp()
-            totals.assign_add(tf.stack([ready - asked, tf.constant(1.0, tf.float64)]))
-        except Exception as exc:
-            failed(exc)
-        return batch
-
-    @property
-    def active(self) -> bool:
-        """Whether a step was stamped yet."""
-        return self._var is not None
-
-    def read(self) -> float | None:
-        """The mean wait a step (seconds) since the last read, or ``None`` when no stamped
-        step ran since."""
-        if self._var is None:
-            return None
-        total, count = (float(t) for t in self._var.numpy())
-        waited, steps = total - self._last[0], count - self._last[1]
-        self._last = (total, count)
-        if steps < 1:
-            return None
-        self.mean_wait = max(0.0, waited / steps)
-        return self.mean_wait
-
-    def step_wait(self, step_s: float) -> float | None:
-        """The wait of the step that just ended, ``step_s`` seconds long: read now when
-        the step is long enough or enough steps went unread (class docstring), else the
-        mean of the last read. ``None``: no step was stamped yet."""
-        if not self.active:
-            return None
-        self.unread += 1
-        if step_s >= READ_EVERY_S or self.unread >= READ_EVERY_STEPS or self.mean_wait is None:
-            self.unread = 0
-            wait = self.read()
-            if wait is not None:
-                return wait
-        return self.mean_wait
-
-
-def stamped_step(tracker: StepTracker, begin: float, now: float, wait: float | None) -> None:
-    """A step from ``begin`` to ``now`` (the probe's clock, seconds) whose compiled call
-    took its batch first, waiting ``wait`` seconds (``None``: not measured); the rest is
-    compute. Ends the step."""
-    start = begin
-    if wait is not None:
-        start = min(begin + wait, now)
-        tracker.loader_enter(begin)
-        tracker.loader_exit(start, None, True)
-    tracker.compute_enter(start, "forward")
-    tracker.compute_exit(now, "forward")
-    tracker.api_step(now)
 
 
 class KerasSteps:
@@ -320,7 +183,7 @@ class KerasSteps:
                     EventKind.PROBE_DEGRADED,
                     f"probe: Keras runs {spe} steps a call (steps_per_execution): steps are "
                     "counted, their wait for data is not measured",
-                    keras_degraded_data(_keras_version(), [], ["data wait"]),
+                    keras_degraded_data(keras_version(), [], ["data wait"]),
                 ))  # fmt: skip
         elif stamp is not None:
             wait = stamp.step_wait(now - begin)
@@ -338,26 +201,6 @@ class KerasSteps:
             self.tracker.phase_enter(now, name)
 
 
-def keras_degraded_data(
-    version: str, missing: list[dict[str, str]], lost: list[str]
-) -> dict[str, Any]:
-    """A ``probe_degraded`` event's data for Keras (:mod:`trainmedic.diagnose.probe_coverage`)."""
-    return {
-        "framework": "keras",
-        "keras": version,
-        "missing": missing,
-        "lost": lost,
-        "parts_off": [],
-    }
-
-
-def _keras_version(module: str = "keras") -> str:
-    import sys
-
-    found = sys.modules.get(module)
-    return str(getattr(found, "__version__", "unknown"))
-
-
 def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
     """Hook what this Keras offers (module docstring); what it lacks is said in one
     ``probe_degraded`` event, and the rest is still measured. Keras 3 and ``tf_keras``
@@ -366,8 +209,8 @@ def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
     if not part.on:
         return
     part.check()
-    version = _keras_version(flavour.module)
-    found = {(path, method): _resolve(path) for path, method, _ in flavour.apis()}
+    version = keras_version(flavour.module)
+    found = {(path, method): resolve(path) for path, method, _ in flavour.apis()}
     missing = [
         {"feature": f"{path.rsplit('.', 1)[-1]}.{method}", "api": path,
          "since": flavour.since, "part": "keras", "lost": lost}
@@ -386,7 +229,7 @@ def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
         cls = found.get((path, method))
         return cls if cls is not None and hasattr(cls, method) else None
 
-    tf = _resolve("tensorflow")
+    tf = resolve("tensorflow")
     steps = probe.keras
     if steps is None:
         if flavour is KERAS3:
@@ -413,17 +256,11 @@ def install(keras: ModuleType, probe: Probe, flavour: Flavour = KERAS3) -> None:
         for path, method, _ in flavour.optimizers:
             cls = hooked(path, method)
             if cls is not None:
-                _install_optimizer(cls, method, tf, steps, probe)
+                install_optimizer(cls, method, tf, steps, probe)
         path, method, _ = flavour.layer
         layer = hooked(path, method)
         if layer is not None:
-            _install_compute(layer, method, "forward", tf, steps, probe)
-
-
-def _patch(cls: Any, name: str, make: Callable[[Any], Any], probe: Probe) -> None:
-    original = cls.__dict__.get(name) or getattr(cls, name)
-    setattr(cls, name, functools.wraps(original)(make(original)))
-    probe.restore.append(lambda: setattr(cls, name, original))
+            install_compute(layer, method, "forward", tf, steps, probe)
 
 
 def _guarded(steps: KerasSteps, action: Callable[[], None]) -> None:
@@ -478,14 +315,14 @@ def _install_callbacks(cls: Any, steps: KerasSteps, probe: Probe) -> None:
 
         return make
 
-    _patch(cls, "on_train_batch_begin", batch_begin, probe)
-    _patch(cls, "on_train_batch_end", batch_end, probe)
-    _patch(cls, "on_test_begin", phase("eval"), probe)
-    _patch(cls, "on_test_end", phase(None), probe)
-    _patch(cls, "on_predict_begin", phase("predict"), probe)
-    _patch(cls, "on_predict_end", phase(None), probe)
-    _patch(cls, "on_train_begin", fit(True), probe)
-    _patch(cls, "on_train_end", fit(False), probe)
+    patch(cls, "on_train_batch_begin", batch_begin, probe)
+    patch(cls, "on_train_batch_end", batch_end, probe)
+    patch(cls, "on_test_begin", phase("eval"), probe)
+    patch(cls, "on_test_end", phase(None), probe)
+    patch(cls, "on_predict_begin", phase("predict"), probe)
+    patch(cls, "on_predict_end", phase(None), probe)
+    patch(cls, "on_train_begin", fit(True), probe)
+    patch(cls, "on_train_end", fit(False), probe)
     from trainmedic.probe import tf_pipelines
 
     seen = tf_pipelines.pipelines(probe)
@@ -499,14 +336,7 @@ def _install_callbacks(cls: Any, steps: KerasSteps, probe: Probe) -> None:
         return wrapper
 
     if hasattr(cls, "on_epoch_begin"):
-        _patch(cls, "on_epoch_begin", epoch_begin, probe)
-
-
-def _subclasses(cls: type) -> Iterator[type]:
-    sub: type
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _subclasses(sub)
+        patch(cls, "on_epoch_begin", epoch_begin, probe)
 
 
 def _wrap_phase(cls: Any, name: str, phase: str, steps: KerasSteps, probe: Probe) -> None:
@@ -520,215 +350,4 @@ def _wrap_phase(cls: Any, name: str, phase: str, steps: KerasSteps, probe: Probe
 
         return wrapper
 
-    _patch(cls, name, make, probe)
-
-
-def _install_checkpoint_manager(probe: Probe) -> None:
-    """``tf.train.CheckpointManager.save`` (custom loops' checkpoints) as the
-    ``checkpoint`` phase, when the training thread calls it outside another phase
-    (BackupAndRestore's save, already one, may call it inside)."""
-    cls = _resolve("tensorflow.python.checkpoint.checkpoint_management.CheckpointManager")
-    if not isinstance(cls, type) or "save" not in cls.__dict__:
-        return
-    from trainmedic.probe.steps import TRAIN
-
-    part = probe.parts["keras"]
-    tracker = probe.ensure_tracker()
-    state = probe.state
-    clock = probe.clock
-
-    def make(original: Any) -> Any:
-        def save(self: Any, *args: Any, **kwargs: Any) -> Any:
-            entered = False
-            try:
-                if part.on and _get_ident() == state.training_ident and tracker.phase == TRAIN:
-                    tracker.phase_enter(clock(), "checkpoint")
-                    entered = True
-            except Exception as exc:
-                part.fail(exc)
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                if entered:
-                    try:
-                        tracker.phase_exit(clock())
-                    except Exception as exc:
-                        part.fail(exc)
-
-        return save
-
-    _patch(cls, "save", make, probe)
-
-
-def _install_optimizer(cls: Any, method: str, tf: Any, steps: KerasSteps, probe: Probe) -> None:
-    tracker = steps.tracker
-    eagerly = tf.executing_eagerly
-
-    def make(original: Any) -> Any:
-        def apply(self: Any, *args: Any, **kwargs: Any) -> Any:
-            # Traced inside a compiled function (fit's step, a tf.function loop) it runs
-            # once, not every step: only an eager call is a step of a custom loop.
-            if steps.in_fit:
-                return original(self, *args, **kwargs)
-            if not eagerly():
-                functions = probe.tf_functions
-                if functions is not None:
-                    functions.traced()
-                return original(self, *args, **kwargs)
-            try:
-                mine = steps.mine()
-                if mine:
-                    tracker.optimizer_enter(probe.clock())
-            except Exception as exc:
-                steps.part.fail(exc)
-                mine = False
-            result = original(self, *args, **kwargs)
-            if mine:
-                try:
-                    tracker.optimizer_exit(probe.clock(), self)
-                    functions = probe.tf_functions
-                    if functions is not None:
-                        functions.after_step()
-                except Exception as exc:
-                    steps.part.fail(exc)
-            return result
-
-        return apply
-
-    _patch(cls, method, make, probe)
-
-
-def _install_compute(
-    cls: Any,
-    name: str,
-    kind: str,
-    tf: Any,
-    steps: KerasSteps | None,
-    probe: Probe,
-    on_traced: Callable[[], None] | None = None,
-) -> None:
-    """``cls.name`` as compute of kind ``kind`` when a custom loop runs it eagerly
-    (outermost calls only: a model's layers are inside its own call); ``on_traced`` is
-    called when it is traced into a compiled function instead, outside ``fit``."""
-    eagerly = tf.executing_eagerly
-    part = probe.parts["keras"]
-    state = probe.state
-    tracker = probe.ensure_tracker()
-
-    def make(original: Any) -> Any:
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            keras = probe.keras if steps is None else steps
-            if on_traced is not None and not eagerly() and not (keras and keras.in_fit):
-                on_traced()
-            if (
-                not part.on
-                or tracker.in_compute
-                or _get_ident() != state.training_ident
-                or (keras is not None and keras.in_fit)
-                or not eagerly()
-            ):
-                return original(self, *args, **kwargs)
-            try:
-                tracker.compute_enter(probe.clock(), kind)
-            except Exception as exc:
-                part.fail(exc)
-                return original(self, *args, **kwargs)
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                try:
-                    tracker.compute_exit(probe.clock(), kind)
-                except Exception as exc:
-                    part.fail(exc)
-
-        return wrapper
-
-    _patch(cls, name, make, probe)
-
-
-def install_tensorflow(tf: ModuleType, probe: Probe) -> None:
-    """The ``tf.data`` iterator's ``__next__``, timed as the wait for data of an eager
-    custom loop (``for x, y in dataset:``)."""
-    part = probe.parts["keras"]
-    if not part.on:
-        return
-    owned = _resolve("tensorflow.python.data.ops.iterator_ops.OwnedIterator")
-    if owned is None:
-        probe.emit(probe.event(
-            EventKind.PROBE_DEGRADED,
-            "probe: TensorFlow's tf.data iterator is not where the probe looks: the wait "
-            "for data of custom loops is not measured",
-            keras_degraded_data(str(getattr(tf, "__version__", "unknown")), [], ["data wait"]),
-        ))  # fmt: skip
-        return
-    tracker = probe.ensure_tracker()
-    clock = probe.clock
-    state = probe.state
-    eagerly = tf.executing_eagerly
-    from trainmedic.probe import tf_function_steps, tf_pipelines
-
-    functions = tf_function_steps.function_steps(probe, tf)
-
-    def make(original: Any) -> Any:
-        def __next__(self: Any) -> Any:
-            if not eagerly():  # next(iterator) traced into a compiled step
-                return functions.traced_batch(lambda: original(self))
-            keras = probe.keras
-            if not part.on or _get_ident() != state.training_ident or (keras and keras.in_fit):
-                return original(self)
-            try:
-                tracker.loader_enter(clock())
-            except Exception as exc:
-                part.fail(exc)
-                return original(self)
-            try:
-                batch = original(self)
-            except BaseException:
-                try:
-                    tracker.loader_exit(clock(), None, False)
-                except Exception as exc:
-                    part.fail(exc)
-                raise
-            try:
-                tracker.loader_exit(clock(), None, True)
-            except Exception as exc:
-                part.fail(exc)
-            return batch
-
-        return __next__
-
-    _patch(owned, "__next__", make, probe)
-    tf_function_steps.install_traced_next(tf, functions, probe)
-    _install_checkpoint_manager(probe)
-    tape = _resolve("tensorflow.python.eager.backprop.GradientTape")
-    if tape is not None:
-        _install_compute(tape, "gradient", "backward", tf, None, probe, functions.traced)
-    if not tf_function_steps.install_functions(tf, functions, probe):
-        probe.emit(probe.event(
-            EventKind.PROBE_DEGRADED,
-            "probe: TensorFlow's tf.function class is not where the probe looks: the steps "
-            "of custom loops whose step is a tf.function are not seen",
-            keras_degraded_data(str(getattr(tf, "__version__", "unknown")), [], ["steps"]),
-        ))  # fmt: skip
-    dataset_cls = _resolve("tensorflow.python.data.ops.dataset_ops.DatasetV2")
-    if dataset_cls is not None:
-        seen = tf_pipelines.pipelines(probe)
-
-        def make_iter(original: Any) -> Any:
-            def __iter__(self: Any) -> Any:
-                iterator = original(self)
-                keras = probe.keras
-                if (
-                    part.on
-                    and _get_ident() == state.training_ident
-                    and not (keras and keras.in_fit)
-                ):
-                    try:
-                        seen.seen_dataset(self)
-                    except Exception as exc:
-                        part.fail(exc)
-                return iterator
-
-            return __iter__
-
-        _patch(dataset_cls, "__iter__", make_iter, probe)
+    patch(cls, name, make, probe)

@@ -4,8 +4,8 @@ step, its wait for data stamped inside the graph when the batch is taken there.
 A function whose trace takes a gradient or applies an optimizer trains
 (:class:`FunctionSteps`); its later eager calls on the training thread are steps, their
 compute the call less the wait for a batch taken inside it (``next(iterator)`` traced
-into the function), which a :class:`~trainmedic.probe.keras_hooks.ReadyStamp` of the
-function's own measures, as in ``fit``. Installed by :mod:`trainmedic.probe.keras_hooks`.
+into the function), which a :class:`~trainmedic.probe.tf_ready_stamp.ReadyStamp` of the
+function's own measures, as in ``fit``. Installed by :mod:`trainmedic.probe.tf_custom_loops`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,17 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainmedic.probe.keras_hooks import ReadyStamp, _get_ident, _patch, _resolve, stamped_step
+from trainmedic.probe.keras_apis import patch, resolve
 from trainmedic.probe.tf_facts import AT_STEPS
+from trainmedic.probe.tf_ready_stamp import ReadyStamp, stamped_step
 from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
     from trainmedic.probe.parts import Part
     from trainmedic.probe.runtime import Probe
     from trainmedic.probe.steps import StepTracker
+
+_get_ident = threading.get_ident
 
 
 ITERATORS = (
@@ -159,7 +162,7 @@ def function_steps(probe: Probe, tf: Any) -> FunctionSteps:
 def install_functions(tf: Any, functions: FunctionSteps, probe: Probe) -> bool:
     """Every ``tf.function``'s eager call, for :class:`FunctionSteps`. Returns whether
     TensorFlow's function class was found."""
-    cls = _resolve("tensorflow.python.eager.polymorphic_function.polymorphic_function.Function")
+    cls = resolve("tensorflow.python.eager.polymorphic_function.polymorphic_function.Function")
     if not isinstance(cls, type) or "__call__" not in cls.__dict__:
         return False
     part = functions.part
@@ -181,7 +184,7 @@ def install_functions(tf: Any, functions: FunctionSteps, probe: Probe) -> bool:
 
         return __call__
 
-    _patch(cls, "__call__", make, probe)
+    patch(cls, "__call__", make, probe)
     return True
 
 
@@ -200,13 +203,13 @@ def install_traced_next(tf: Any, functions: FunctionSteps, probe: Probe) -> None
 
     worker_found = False
     for path, methods in ITERATORS:
-        cls = _resolve(path)
+        cls = resolve(path)
         for method in methods:
             if cls is not None and method in cls.__dict__:
-                _patch(cls, method, make, probe)
+                patch(cls, method, make, probe)
                 worker_found = worker_found or "SingleWorker" in path
     if not worker_found:
         path, methods = STRATEGY_ITERATOR
-        cls = _resolve(path)
+        cls = resolve(path)
         if cls is not None and "get_next" in cls.__dict__:
-            _patch(cls, "get_next", make, probe)
+            patch(cls, "get_next", make, probe)

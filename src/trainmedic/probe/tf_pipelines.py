@@ -3,14 +3,15 @@
 A loader record (``tf.data``, its batch size) and a ``tfdata_pipeline`` event with its
 stages (:func:`trainmedic.probe.tf_data.describe`) for each pipeline ``fit`` or a custom
 loop takes batches from; a ``tfdata_epochs`` event when the job goes over its data again.
-Installed by :mod:`trainmedic.probe.keras_hooks`.
+Installed by :mod:`trainmedic.probe.keras_hooks` (``fit``'s data adapters) and
+:mod:`trainmedic.probe.tf_custom_loops` (the datasets a custom loop iterates).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainmedic.probe.keras_hooks import _patch, _subclasses
+from trainmedic.probe.keras_apis import patch, subclasses
 from trainmedic.record.events import EventKind
 
 if TYPE_CHECKING:
@@ -86,6 +87,6 @@ def install_pipelines(base: type, method: str, part: Part, probe: Probe) -> None
 
         return get_tf_dataset
 
-    for cls in [base, *_subclasses(base)]:
+    for cls in [base, *subclasses(base)]:
         if method in cls.__dict__:
-            _patch(cls, method, make, probe)
+            patch(cls, method, make, probe)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainmedic.report.compare import RunFacts
+    from trainmedic.report.compare_facts import RunFacts
 
 WARMUP_TREND = 0.15
 """A run whose second half of steady steps ran this much faster (or slower) than its
@@ -21,6 +21,7 @@ CONFOUNDER_MIN = {"others_cores": 0.25, "wait": 0.05, "steal": 5.0, "throttled":
                   "clock": 0.05}  # fmt: skip
 """How much a confounder must differ between the sides to be weighed at all: others'
 CPU in cores, shares of time, steal in percent, the GPU's clock as a fraction."""
+
 
 def warming_up(b: Sequence[RunFacts], a: Sequence[RunFacts]) -> list[tuple[float, str]]:
     """Runs whose second half of steady steps ran :data:`WARMUP_TREND` faster or slower

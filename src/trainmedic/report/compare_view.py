@@ -18,7 +18,8 @@ from rich.text import Text
 
 from trainmedic.record.stats import all_spans, split_steps
 from trainmedic.record.types import RunRecord
-from trainmedic.report.compare import Comparison, FindingChange
+from trainmedic.report.compare import Comparison
+from trainmedic.report.compare_side_by_side import FindingChange
 
 _VERDICT_STYLE = {"faster": "bold green", "slower": "bold red", "no_change": "bold yellow",
                   "inconclusive": "bold magenta"}  # fmt: skip
