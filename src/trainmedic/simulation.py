@@ -20,8 +20,9 @@ from trainmedic.gpu.simulation_file import load_simulation_json
 from trainmedic.host.simulated import host_facts_from_dict
 from trainmedic.host.types import HostFacts
 
-SECTIONS = frozenset({"description", "driver", "gpus", "torch", "host"})
-"""The top-level keys a simulation file may have."""
+SECTIONS = frozenset({"description", "driver", "gpus", "torch", "host", "stress"})
+"""The top-level keys a simulation file may have (``stress`` is read only by
+``doctor --stress``: trainmedic.doctor.stress.simulated, docs/stress.md)."""
 
 
 @dataclass(frozen=True)

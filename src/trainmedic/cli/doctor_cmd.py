@@ -17,6 +17,7 @@ from trainmedic.cli.options import (
 )
 from trainmedic.cli.outputs import check_outputs, write_output
 from trainmedic.doctor.facts import MachineFacts
+from trainmedic.errors import UsageError
 from trainmedic.findings.model import Finding, FindingsDocument
 
 
@@ -51,9 +52,38 @@ from trainmedic.findings.model import Finding, FindingsDocument
 @click.option(
     "--force",
     is_flag=True,
-    help="Replace an existing --json FILE that is not a trainmedic findings document.",
+    help="Replace an existing --json/--html FILE that is not trainmedic's; with --stress, "
+    "also stress GPUs that other processes use.",
 )
 @click.option("--brief", is_flag=True, help="Hide info findings in the terminal report.")
+@click.option(
+    "--stress",
+    is_flag=True,
+    help="Burn in the GPUs instead: matmul TFLOP/s per dtype, memory bandwidth and test, "
+    "host and peer copies, clocks and heat under load, against the datasheet and each "
+    "other (docs/stress.md; exit 3: no GPU, 4: a GPU is busy).",
+)
+@click.option(
+    "--seconds",
+    type=FiniteRange(1.0, 3600.0),
+    default=None,
+    metavar="N",
+    help="With --stress: the burn-in's budget per GPU, seconds  [default: 60]",
+)
+@click.option(
+    "--gpus",
+    metavar="LIST",
+    help="With --stress: the GPUs to stress, e.g. 0,2 or 0-3 (NVML order).",
+)
+@click.option(
+    "--dcgm",
+    "dcgm_level",
+    type=click.IntRange(1, 4),
+    default=None,
+    metavar="LEVEL",
+    help="With --stress: also run dcgmi diag -r LEVEL (1-4) when dcgmi is installed.",
+)
+@click.option("--html", "html_out", metavar="FILE", help="With --stress: write the report as HTML.")
 def doctor(
     simulate: str | None,
     data_dir: str | None,
@@ -63,10 +93,37 @@ def doctor(
     fail_on: str,
     force: bool,
     brief: bool,
+    stress: bool = False,
+    seconds: float | None = None,
+    gpus: str | None = None,
+    dcgm_level: int | None = None,
+    html_out: str | None = None,
 ) -> int:
     """Check this machine: GPUs, driver and torch build, heat, hardware faults,
     other tenants, CPU limits, memory, shared memory, settings, and optionally
-    the storage and network the training data comes from."""
+    the storage and network the training data comes from. With --stress, burn
+    the GPUs in instead and judge them under load."""
+    stress_only = {"--seconds": seconds, "--gpus": gpus, "--dcgm": dcgm_level, "--html": html_out}
+    if not stress:
+        given = [flag for flag, value in stress_only.items() if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies only with --stress")
+    else:
+        if data_dir is not None or data_url is not None:
+            raise UsageError("--data-dir and --data-url do not apply with --stress")
+        from trainmedic.cli.doctor_stress import stress_command
+
+        return stress_command(
+            simulate=simulate,
+            seconds=seconds,
+            gpus=gpus,
+            force=force,
+            dcgm_level=dcgm_level,
+            json_out=json_out,
+            html_out=html_out,
+            fail_on=fail_on,
+            brief=brief,
+        )
     from trainmedic.doctor.gather import DoctorRequest, gather_facts
     from trainmedic.doctor.runner import run_checks
     from trainmedic.host.nettarget import parse_target

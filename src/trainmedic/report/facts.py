@@ -122,6 +122,7 @@ _BY_SUFFIX: tuple[tuple[str, Callable[[float], str]], ...] = (
     ("_ms_per_step", lambda v: format_seconds_short(v / 1000.0) + " a step"),
     ("_mib_per_s", _rate("MiB/s")),
     ("_bytes_per_s", lambda v: format_bytes(v) + "/s"),
+    ("gb_per_s", _rate("GB/s")),  # decimal GB/s, as GPU datasheets state bandwidth
     ("_samples_per_s", _with("samples/s")),
     ("samples_per_s", _with("samples/s")),
     ("steps_per_s", _with("steps/s")),
