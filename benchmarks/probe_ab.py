@@ -23,7 +23,11 @@ steps (host and GPU sampling once a second, on another core), which both
 phases pay, and the probe's start-up, paid once per process.
 
     python benchmarks/probe_ab.py [--model mlp] [--rounds 40] [--phase-s 1.0] [--control]
-        [--disable PART,...]
+        [--disable PART,...] [--toggle hooks|queue]
+
+``--toggle queue`` keeps the hooks in and alternates phases whose finished
+steps are queued (sent by the probe's thread, read by the supervisor) with
+phases that drop them: what the per-step record path costs beyond the hooks.
 """
 
 from __future__ import annotations
@@ -59,8 +63,15 @@ def job(args: argparse.Namespace) -> None:
     bench = build(args.model)
     installed = True
 
+    queue_limit = runtime.MAX_OUTBOX
+
     def switch(on: bool) -> None:
         nonlocal installed
+        if args.toggle == "queue":
+            # The hooks stay in; only whether finished steps are queued (and so sent
+            # and read by the supervisor) changes: a full outbox drops them.
+            runtime.MAX_OUTBOX = queue_limit if on else 0
+            return
         if on and not installed:
             probe._install_torch(torch)
         elif not on and installed:
@@ -118,6 +129,13 @@ def main() -> None:
     parser.add_argument("--phase-s", type=float, default=1.0, help="seconds per phase")
     parser.add_argument("--control", action="store_true", help="no hooks in either phase")
     parser.add_argument("--disable", default="", help="probe parts to leave off, comma-separated")
+    parser.add_argument(
+        "--toggle",
+        choices=("hooks", "queue"),
+        default="hooks",
+        help="what the phases differ by: the hooks installed or removed (default), or, with"
+        " the hooks in, the finished steps queued to be sent or dropped",
+    )
     parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1 or args.phase_s <= SETTLE_S:
@@ -129,6 +147,7 @@ def main() -> None:
             str(args.rounds), "--phase-s", str(args.phase_s)]  # fmt: skip
     if args.control:
         argv.append("--control")
+    argv += ["--toggle", args.toggle]
     env = dict(os.environ)
     if args.disable:
         env["TRAINMEDIC_PROBE_DISABLE"] = args.disable
@@ -145,7 +164,13 @@ def main() -> None:
     means = [r["on_mean"] / r["off_mean"] for r in rounds]
     medians = [r["on_median"] / r["off_median"] for r in rounds]
     off = statistics.median(r["off_mean"] for r in rounds)
-    what = "control (no hooks in either phase)" if args.control else "hooks on / hooks off"
+    what = (
+        "control (no hooks in either phase)"
+        if args.control
+        else "steps queued / dropped (hooks on in both)"
+        if args.toggle == "queue"
+        else "hooks on / hooks off"
+    )
     print(
         f"{args.model}: {len(rounds)} rounds of {args.phase_s:g} s phases, "
         f"{statistics.median(r['on_steps'] for r in rounds):.0f} timed steps a phase, "

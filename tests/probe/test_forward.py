@@ -263,3 +263,103 @@ def test_each_step_knows_its_batch_and_whether_autocast_was_on(
     assert [d.autocast for d in drafts] == [False] * (forward.DISCOVERY_STEPS + 1) + [True]
     assert {d.samples for d in drafts} == {2}
     assert all(d.compute_s is not None for d in drafts)
+
+
+def _changes_seen_by(watch: forward.ForwardWatch, cls: type) -> int:
+    """The watch's changes of ``cls`` and its bases: the version tags they cost it."""
+    return sum(watch.changes.get(base, 0) for base in cls.__mro__)
+
+
+def test_past_its_change_budget_a_root_class_keeps_its_wrapper_and_passes_calls_through(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    watch = p.forward
+    assert watch is not None and p.tracker is not None
+    watch.type_change_budget = 12
+    model, loss_fn = Net(), nn.CrossEntropyLoss()
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(model, clock, loss_fn)
+    wrapper = watch.patched[Net][0]
+    removed = 0
+    for _ in range(20):  # windows: the hooks off, then on again
+        watch.suspend()
+        removed += own_call(Net) is not wrapper
+        before = p.tracker.forwards
+        train_step(model, clock, loss_fn)
+        assert p.tracker.forwards == before  # off: no forward call timed either way
+        watch.resume()
+        assert own_call(Net) is wrapper
+        before = p.tracker.forwards
+        train_step(model, clock, loss_fn)
+        assert p.tracker.forwards == before + 2
+    # nn.Module twice (discovery), Net once (patched): 3 of 12; then two per window.
+    assert removed == (12 - 3) // 2
+    for cls in (Net, nn.CrossEntropyLoss):
+        assert _changes_seen_by(watch, cls) <= 12
+    assert not watch.exhausted
+
+
+def test_discoveries_stop_before_nn_module_passes_its_change_budget(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    watch = p.forward
+    assert watch is not None and p.tracker is not None
+    watch.type_change_budget = 8
+    model = Net()
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(model, clock)
+    begun = watch.discoveries
+    for _ in range(10):
+        clock.t += forward.MIN_GAP_S
+        watch.request()
+        for _ in range(forward.DISCOVERY_STEPS + 1):
+            train_step(model, clock)
+    assert watch.exhausted and not watch.discovering and not watch.pending
+    assert watch.next_routine == float("inf")
+    assert watch.discoveries - begun == 2  # 2 + 1 + 2 + 2 of 8: a fourth would pass it
+    assert nn.Module.__dict__["__call__"] is watch._base
+    before = p.tracker.forwards
+    train_step(model, clock)
+    assert p.tracker.forwards == before + 2  # what was found stays watched
+    for cls in (Net, nn.CrossEntropyLoss, nn.Linear):
+        assert _changes_seen_by(watch, cls) <= 8
+
+
+def test_routine_discoveries_come_further_apart_while_they_find_nothing_new(
+    probe: tuple[Probe, Clock],
+) -> None:
+    p, clock = probe
+    watch = p.forward
+    assert watch is not None
+    model = Net()
+    for _ in range(forward.DISCOVERY_STEPS):
+        train_step(model, clock)
+    gaps = [watch.next_routine - clock.t]
+
+    def discover(net: nn.Module) -> None:
+        clock.t = watch.next_routine
+        watch.request()
+        for _ in range(forward.DISCOVERY_STEPS + 1):
+            train_step(net, clock)
+        gaps.append(watch.next_routine - clock.t)
+
+    for _ in range(8):
+        discover(model)
+    discover(OtherNet2())  # a new class: back to the first gap
+    assert gaps == pytest.approx(
+        [forward.REDISCOVER_S * 2**k for k in range(6)]
+        + [forward.REDISCOVER_MAX_S] * 3
+        + [forward.REDISCOVER_S]
+    )
+
+
+def test_the_change_budget_is_set_from_python_3_13_only() -> None:
+    import sys
+
+    budget = forward.TYPE_CHANGE_BUDGET
+    if sys.version_info >= (3, 13):
+        assert budget is not None and 2 * 200 <= budget < 1000
+    else:
+        assert budget is None

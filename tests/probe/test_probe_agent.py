@@ -465,3 +465,52 @@ def test_without_sending_the_hooks_queue_nothing_and_no_probe_thread_starts() ->
     probe._ensure_agent()
     assert not probe.outbox and probe._agent is None
     assert tracker.train_steps == 1  # the hooks' own work is done as usual
+
+
+class Detail:
+    """The detail switch as the probe's thread reads it."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.on = False
+        self.partly_on = False
+        self.windows = 0
+        self.windows_ended = 0
+
+    def overdue(self, now: float) -> bool:
+        return False
+
+    def step_ended(self, draft: StepDraft) -> None:
+        """Switches nothing: the tests set the window counts by hand."""
+
+
+def test_steps_between_two_windows_are_no_reason_to_rediscover() -> None:
+    probe, tracker, watch = make_probe()
+    detail = Detail()
+    probe.detail = detail  # type: ignore[assignment]
+    train_step(tracker, 0.0)
+    probe._watch_forward(10.0)
+    for i in range(3):  # steps with the compute hooks off: no forward call can be seen
+        tracker.optimizer_exit(1.0 + i, "sgd")
+        probe._watch_forward(11.0 + i)
+    assert watch.requests == 0
+    detail.on, detail.windows = True, 1  # a window begins ...
+    tracker.optimizer_exit(5.0, "sgd")
+    probe._watch_forward(15.0)
+    assert watch.requests == 0  # ... its steps have not run yet
+    detail.on, detail.windows_ended = False, 1  # ... and ended: its steps saw no forward call
+    tracker.optimizer_exit(6.0, "sgd")
+    probe._watch_forward(16.0)
+    assert watch.requests == 1
+
+
+def test_steps_inside_one_window_with_no_forward_call_ask_for_a_discovery() -> None:
+    probe, tracker, watch = make_probe()
+    detail = Detail()
+    detail.on, detail.windows = True, 3
+    probe.detail = detail  # type: ignore[assignment]
+    train_step(tracker, 0.0)
+    probe._watch_forward(10.0)
+    tracker.optimizer_exit(1.0, "sgd")  # the same window, on at both looks: watched
+    probe._watch_forward(11.0)
+    assert watch.requests == 1

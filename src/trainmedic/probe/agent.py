@@ -98,6 +98,19 @@ def job_rank() -> int | None:
     return None
 
 
+def _hooks_were_on(
+    before: tuple[int, int, bool] | None, after: tuple[int, int, bool] | None
+) -> bool:
+    """Whether the compute hooks were on for the steps between two looks at
+    :meth:`ProbeAgent._hook_state`: never switched off, a window ended in between,
+    or on at both looks with no window begun between (still the same one)."""
+    if before is None or after is None:
+        return True
+    if after[1] != before[1]:
+        return True
+    return before[2] and after[2] and after[0] == before[0]
+
+
 def _short_name(filename: str) -> str:
     parts = filename.replace("\\", "/").rsplit("/", 2)
     return "/".join(parts[-2:])
@@ -130,7 +143,7 @@ class ProbeAgent:
     _stop: threading.Event
     _hello_due: bool
     _connected: bool
-    _forward_mark: tuple[int, int, int, float, bool]
+    _forward_mark: tuple[int, int, int, float, bool, tuple[int, int, bool] | None]
     _progress_seen: tuple[int, int] | None  # (work, steps) at the last pass
     _next_heartbeat: float  # time.monotonic() of the next heartbeat
 
@@ -281,17 +294,31 @@ class ProbeAgent:
         if watch is None or tracker is None or watch.discovering or watch.requested:
             return
         steps, forwards, work = sum(tracker.steps_by_phase.values()), tracker.forwards, tracker.work
-        last_steps, last_forwards, last_work, since, asked = self._forward_mark
+        hooks = self._hook_state()
+        last_steps, last_forwards, last_work, since, asked, last_hooks = self._forward_mark
         if steps != last_steps:
-            self._forward_mark = (steps, forwards, work, now, False)
-            if forwards == last_forwards or self.clock() >= watch.next_routine:
+            self._forward_mark = (steps, forwards, work, now, False, hooks)
+            # Forward calls are counted only while the compute hooks are on: steps
+            # that all ran between two windows say nothing of the model's class.
+            # (Asking then made a job of 5-20 ms steps rediscover every few seconds,
+            # and each discovery changes ``nn.Module`` twice: see ForwardWatch.)
+            unseen = forwards == last_forwards and _hooks_were_on(last_hooks, hooks)
+            if unseen or self.clock() >= watch.next_routine:
                 watch.request()
             return
         stats = self.step_stats
         usual = 3.0 * stats.step_s if stats is not None else 0.0
         if not asked and work != last_work and now - since >= max(IDLE_STEPS_S, usual):
             watch.request()
-            self._forward_mark = (steps, last_forwards, last_work, since, True)
+            self._forward_mark = (steps, last_forwards, last_work, since, True, last_hooks)
+
+    def _hook_state(self) -> tuple[int, int, bool] | None:
+        """(windows begun, windows ended, hooks on now) of the detail switch; ``None``
+        when the compute hooks are never switched off."""
+        detail = self.detail
+        if detail is None or not detail.enabled:
+            return None
+        return detail.windows, detail.windows_ended, detail.on or detail.partly_on
 
     def _wake_detail(self) -> None:
         """Steps stopped while the compute hooks are off: put them back, so that

@@ -141,7 +141,10 @@ class DetailSwitch:
         while they are off (:attr:`StepTracker.fetch_limit` holds it then)."""
         self._lock = threading.Lock()
         self.windows = 0
-        """Windows begun so far (tests, benchmarks)."""
+        """Windows begun so far."""
+        self.windows_ended = 0
+        """Times the hooks went off after a window (or the warm-up): the steps before
+        each ran with them on (the probe's thread asks what forward calls they saw)."""
 
     def add(self, hook: DetailHook) -> None:
         """Register a compute hook (installed and on)."""
@@ -209,6 +212,8 @@ class DetailSwitch:
                 (hook.attach if on else hook.detach)()
             if on and not self.on and not self.partly_on:
                 self.windows += 1
+            elif not on and (self.on or self.partly_on):
+                self.windows_ended += 1
             self.on = on
             self.partly_on = False
             tracker = self.tracker

@@ -30,8 +30,14 @@ wrapper, then keeps the same wrapper on those classes only:
    module call), when the probe's thread asks for it: steps ended with no
    forward call seen (a model of another class took over), train steps
    stopped while the job keeps working (an evaluation loop, perhaps of another
-   model), or :data:`REDISCOVER_S` passed; at most once per :data:`MIN_GAP_S`.
-   The training thread itself only tests two flags per step.
+   model), or routinely (:data:`REDISCOVER_S`); at most once per :data:`MIN_GAP_S`.
+   The training thread itself only tests two flags per step. Routine discoveries
+   come further apart while they find nothing new; the probe's thread asks for
+   one on "no forward seen" only for steps that ran with the compute hooks on.
+
+Every discovery changes ``nn.Module`` twice and every window of the compute
+hooks (:mod:`trainmedic.probe.detail`) a root class twice; from Python 3.13 the
+changes are held to :data:`TYPE_CHANGE_BUDGET` per class.
 
 A class wrapper calls the class's own ``__call__`` when it has one (its own or
 inherited from a class between it and ``nn.Module``), else whatever
@@ -75,7 +81,21 @@ DISCOVERY_STEPS = 3
 DISCOVERY_CALLS = 64
 """... or outermost calls seen while discovering, when steps do not end."""
 REDISCOVER_S = 30.0
-"""Seconds between two routine discoveries (a model that only appears now and then)."""
+"""Seconds from a discovery that found a new class to the next routine one (a model
+that only appears now and then); each routine discovery that finds nothing new
+doubles the wait, up to :data:`REDISCOVER_MAX_S`."""
+REDISCOVER_MAX_S = 1800.0
+TYPE_CHANGE_BUDGET: int | None = 400 if sys.version_info >= (3, 13) else None
+"""Changes of a class the watch makes at most, counting those of its bases (Python 3.13
+and later; ``None``: no limit). From 3.13 CPython gives a class at most 1,000
+attribute-cache version tags, a new one after each change of the class or of a
+base (``MAX_VERSIONS_PER_CLASS``); past that, lookups on its instances are never
+cached or specialised again: a call of a class changed 1,200 times took 2.2 times
+as long (``benchmarks/type_versions.py``). Each discovery changes ``nn.Module``
+twice and each window's switch a root class twice, so within the budget the
+watch switches as before; past it a root class keeps its wrapper, which then
+passes calls through while the hooks are off, and discoveries stop (the classes
+found stay watched). The rest of the 1,000 is left to the job and other tools."""
 MIN_GAP_S = 2.0
 """Seconds after a discovery before another may begin."""
 
@@ -113,6 +133,12 @@ class ForwardWatch:
         self._ended_at = float("-inf")
         self.next_routine = float("inf")
         """When the next routine discovery is due (probe clock)."""
+        self._routine_s = REDISCOVER_S
+        self.type_change_budget = TYPE_CHANGE_BUDGET
+        self.changes: dict[type, int] = {}
+        """Changes the watch made to each class (see :data:`TYPE_CHANGE_BUDGET`)."""
+        self.exhausted = False
+        """Discoveries stopped: another would have passed the change budget of ``nn.Module``."""
         self._generic = self._wrapper(self._base, record=True)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -139,12 +165,14 @@ class ForwardWatch:
         self.pending = self.requested = False
 
     def suspend(self) -> None:
-        """Take the class wrappers off for a while (never while discovering)."""
+        """Take the class wrappers off for a while (never while discovering); a wrapper
+        whose class may not be changed twice more stays, and passes calls through."""
         if self.discovering:
             return
         self.suspended = True
         for cls, (wrapper, own) in list(self.patched.items()):
-            if cls.__dict__.get("__call__") is wrapper:
+            if cls.__dict__.get("__call__") is wrapper and self.may_change(cls, 2):
+                self._changed(cls)
                 if own is None:
                     delattr(cls, "__call__")
                 else:
@@ -157,13 +185,36 @@ class ForwardWatch:
             return
         for cls, (wrapper, own) in list(self.patched.items()):
             if cls.__dict__.get("__call__") is own:
+                self._changed(cls)  # suspend() kept this change within the budget
                 cls.__call__ = wrapper  # type: ignore[method-assign]
+
+    # --- the change budget (TYPE_CHANGE_BUDGET) ---------------------------------------------
+
+    def may_change(self, cls: type, times: int = 1) -> bool:
+        """Whether the watch may change ``cls`` ``times`` more times: every class it
+        patched that ``cls`` is a base of stays within the budget too."""
+        budget = self.type_change_budget
+        if budget is None:
+            return True
+        changes = self.changes
+        for c in (cls, *(p for p in self.patched if p is not cls and issubclass(p, cls))):
+            if sum(changes.get(base, 0) for base in c.__mro__) + times > budget:
+                return False
+        return True
+
+    def _changed(self, cls: type) -> None:
+        self.changes[cls] = self.changes.get(cls, 0) + 1
 
     def begin(self, now: float) -> None:
         """Start discovering (at a point outside any module call)."""
         self.requested = False
-        if self.discovering or not self._installed:
+        if self.discovering or not self._installed or self.exhausted:
             self.pending = self.discovering
+            return
+        if not self.may_change(self.module_cls, 2):
+            self.exhausted = True
+            self.pending = False
+            self.next_routine = float("inf")
             return
         if self.suspended:
             self.resume()  # a discovery sees the classes already known through their wrappers
@@ -181,13 +232,17 @@ class ForwardWatch:
         self.discovering = False
         self.pending = self.requested
         self._ended_at = now
-        self.next_routine = now + REDISCOVER_S
+        known = len(self.patched)
         # Parents first: a subclass of a patched class is already covered.
         for cls in sorted(self.seen - self.patched.keys(), key=lambda c: len(c.__mro__)):
             if not any(issubclass(cls, done) for done in self.patched):
                 self._patch(cls)
         self.seen.clear()
         self._set_generic(False)
+        # A discovery that found nothing new makes the next routine one wait longer.
+        found = len(self.patched) > known
+        self._routine_s = REDISCOVER_S if found else min(2 * self._routine_s, REDISCOVER_MAX_S)
+        self.next_routine = now + self._routine_s
 
     def request(self) -> None:
         """Ask for a discovery at the next safe point (any thread)."""
@@ -221,8 +276,10 @@ class ForwardWatch:
         cls = self.module_cls
         current = cls.__dict__.get("__call__")
         if on and current is self._base:
+            self._changed(cls)
             cls.__call__ = self._generic  # type: ignore[method-assign]
         elif not on and current is self._generic:
+            self._changed(cls)
             cls.__call__ = self._base  # type: ignore[method-assign]
 
     def _patch(self, cls: type) -> None:
@@ -231,11 +288,14 @@ class ForwardWatch:
         # The class's own ``__call__``, one inherited from a class between it and
         # ``nn.Module``, or (``None``) whatever ``nn.Module.__call__`` is at the call.
         target = inherited if inherited not in (self._base, self._generic) else None
+        if not self.may_change(cls):
+            return  # changed too often already: it stays unwatched
         wrapper = self._wrapper(target, record=False)
         try:
             cls.__call__ = wrapper  # type: ignore[method-assign]
         except (TypeError, AttributeError):
             return  # a class that refuses attributes stays unwatched
+        self._changed(cls)
         self.patched[cls] = (wrapper, own)
 
     def _wrapper(self, original: Any, record: bool) -> Callable[..., Any]:
@@ -273,6 +333,8 @@ class ForwardWatch:
                 return traced(self, *args, **kwargs)
             call = fixed or module_cls.__call__
             if state.depth or _get_ident() != state.training_ident or not part.on:
+                return call(self, *args, **kwargs)
+            if watch.suspended:  # kept on past its change budget: the hooks are off
                 return call(self, *args, **kwargs)
             try:
                 if part.fault:

@@ -141,7 +141,9 @@ class Probe(ProbeAgent, ProbeIncidents):
         self._connected = False
         self._finished = False
         # (steps, forward calls, work, since when, discovery asked) as the agent last saw them.
-        self._forward_mark: tuple[int, int, int, float, bool] = (0, 0, 0, 0.0, False)
+        self._forward_mark: tuple[int, int, int, float, bool, tuple[int, int, bool] | None] = (
+            0, 0, 0, 0.0, False, None
+        )
         self._progress_seen: tuple[int, int] | None = None
         self._next_heartbeat = 0.0
         # Set by the stack signal's handler, read by the agent (no lock: see forensics).
