@@ -276,7 +276,7 @@ def test_past_its_change_budget_a_root_class_keeps_its_wrapper_and_passes_calls_
     p, clock = probe
     watch = p.forward
     assert watch is not None and p.tracker is not None
-    watch.type_change_budget = 12
+    watch.type_change_budget, watch.discovery_reserve = 12, 4
     model, loss_fn = Net(), nn.CrossEntropyLoss()
     for _ in range(forward.DISCOVERY_STEPS):
         train_step(model, clock, loss_fn)
@@ -293,11 +293,19 @@ def test_past_its_change_budget_a_root_class_keeps_its_wrapper_and_passes_calls_
         before = p.tracker.forwards
         train_step(model, clock, loss_fn)
         assert p.tracker.forwards == before + 2
-    # nn.Module twice (discovery), Net once (patched): 3 of 12; then two per window.
-    assert removed == (12 - 3) // 2
+    # nn.Module twice (discovery), Net once (patched): 3 of 12; then two per window
+    # while 4 stay for discoveries: 3 + 2 + 2 = 7.
+    assert removed == 2
     for cls in (Net, nn.CrossEntropyLoss):
-        assert _changes_seen_by(watch, cls) <= 12
-    assert not watch.exhausted
+        assert _changes_seen_by(watch, cls) == 7
+    # The reserve: two more discoveries (two changes of nn.Module each), then none.
+    for _ in range(4):
+        clock.t += forward.MIN_GAP_S
+        watch.request()
+        for _ in range(forward.DISCOVERY_STEPS + 1):
+            train_step(model, clock, loss_fn)
+    assert watch.discoveries == 3 and watch.exhausted
+    assert _changes_seen_by(watch, Net) == 11
 
 
 def test_discoveries_stop_before_nn_module_passes_its_change_budget(
@@ -306,7 +314,7 @@ def test_discoveries_stop_before_nn_module_passes_its_change_budget(
     p, clock = probe
     watch = p.forward
     assert watch is not None and p.tracker is not None
-    watch.type_change_budget = 8
+    watch.type_change_budget, watch.discovery_reserve = 8, 0
     model = Net()
     for _ in range(forward.DISCOVERY_STEPS):
         train_step(model, clock)

@@ -96,6 +96,9 @@ twice and each window's switch a root class twice, so within the budget the
 watch switches as before; past it a root class keeps its wrapper, which then
 passes calls through while the hooks are off, and discoveries stop (the classes
 found stay watched). The rest of the 1,000 is left to the job and other tools."""
+DISCOVERY_RESERVE = 100
+"""Of :data:`TYPE_CHANGE_BUDGET`, the changes the windows leave to discoveries: 50
+discoveries, which the routine back-off spreads over about a day."""
 MIN_GAP_S = 2.0
 """Seconds after a discovery before another may begin."""
 
@@ -135,6 +138,7 @@ class ForwardWatch:
         """When the next routine discovery is due (probe clock)."""
         self._routine_s = REDISCOVER_S
         self.type_change_budget = TYPE_CHANGE_BUDGET
+        self.discovery_reserve = DISCOVERY_RESERVE
         self.changes: dict[type, int] = {}
         """Changes the watch made to each class (see :data:`TYPE_CHANGE_BUDGET`)."""
         self.exhausted = False
@@ -171,7 +175,9 @@ class ForwardWatch:
             return
         self.suspended = True
         for cls, (wrapper, own) in list(self.patched.items()):
-            if cls.__dict__.get("__call__") is wrapper and self.may_change(cls, 2):
+            if cls.__dict__.get("__call__") is wrapper and self.may_change(
+                cls, 2 + self.discovery_reserve
+            ):
                 self._changed(cls)
                 if own is None:
                     delattr(cls, "__call__")
