@@ -270,6 +270,17 @@ def _changes_seen_by(watch: forward.ForwardWatch, cls: type) -> int:
     return sum(watch.changes.get(base, 0) for base in cls.__mro__)
 
 
+def _ask_for_discoveries(
+    watch: forward.ForwardWatch, clock: Clock, model: nn.Module, times: int, **step: Any
+) -> None:
+    """Ask for a discovery ``times`` times, each followed by enough steps to finish one."""
+    for _ in range(times):
+        clock.t += forward.MIN_GAP_S
+        watch.request()
+        for _ in range(forward.DISCOVERY_STEPS + 1):
+            train_step(model, clock, **step)
+
+
 def test_past_its_change_budget_a_root_class_keeps_its_wrapper_and_passes_calls_through(
     probe: tuple[Probe, Clock],
 ) -> None:
@@ -299,11 +310,7 @@ def test_past_its_change_budget_a_root_class_keeps_its_wrapper_and_passes_calls_
     for cls in (Net, nn.CrossEntropyLoss):
         assert _changes_seen_by(watch, cls) == 7
     # The reserve: two more discoveries (two changes of nn.Module each), then none.
-    for _ in range(4):
-        clock.t += forward.MIN_GAP_S
-        watch.request()
-        for _ in range(forward.DISCOVERY_STEPS + 1):
-            train_step(model, clock, loss_fn)
+    _ask_for_discoveries(watch, clock, model, 4, loss_fn=loss_fn)
     assert watch.discoveries == 3 and watch.exhausted
     assert _changes_seen_by(watch, Net) == 11
 
@@ -319,11 +326,7 @@ def test_discoveries_stop_before_nn_module_passes_its_change_budget(
     for _ in range(forward.DISCOVERY_STEPS):
         train_step(model, clock)
     begun = watch.discoveries
-    for _ in range(10):
-        clock.t += forward.MIN_GAP_S
-        watch.request()
-        for _ in range(forward.DISCOVERY_STEPS + 1):
-            train_step(model, clock)
+    _ask_for_discoveries(watch, clock, model, 10)
     assert watch.exhausted and not watch.discovering and not watch.pending
     assert watch.next_routine == float("inf")
     assert watch.discoveries - begun == 2  # 2 + 1 + 2 + 2 of 8: a fourth would pass it
