@@ -10,27 +10,21 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
+from support.real_gpu import nvml_backend_fixture
 from trainmedic.doctor.checks import driver, inventory
 from trainmedic.doctor.gather import DoctorRequest, gather_facts
 from trainmedic.doctor.runner import run_checks
 from trainmedic.gpu.backend import GpuBackend, sample_all
-from trainmedic.gpu.nvml import open_nvml
 from trainmedic.gpu.types import ClockEventReason, GpuSample, normalize_pci_bus_id
 from trainmedic.supervise.launch.stop import wait_gpu_release
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def backend() -> Iterator[GpuBackend]:
-    opened = open_nvml()
-    assert opened.kind == "nvml", f"no NVML here: {opened.absent_reason}"
-    yield opened
-    opened.close()
+backend = nvml_backend_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from trainmedic.doctor.stress.runner import (
     parse_gpu_list,
     run_stress,
 )
+from trainmedic.doctor.stress.sampling import SamplerFactory
 from trainmedic.findings.model import FindingsDocument
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
@@ -57,7 +58,7 @@ def stress_command(
     plan = StressPlan(
         gpus=wanted, seconds=DEFAULT_SECONDS if seconds is None else seconds, force=force
     )
-    backend, open_machine, clock, notes = _machine(simulate)
+    backend, open_machine, clock, sampler, notes = _machine(simulate)
     dcgm: Callable[[], DcgmOutcome] | None = None
     if dcgm_level is not None:
         if simulate is None:
@@ -65,7 +66,7 @@ def stress_command(
         else:
             notes.append("dcgmi diag is not run on a simulated machine")
     try:
-        result = run_stress(plan, backend, open_machine, clock, dcgm=dcgm)
+        result = run_stress(plan, backend, open_machine, clock, dcgm=dcgm, sampler=sampler)
     except (NoGpuToStress, GpuBusyError) as exc:
         click.echo(f"trainmedic doctor --stress: {exc}", err=True)
         return exc.exit_code
@@ -116,14 +117,15 @@ def stress_command(
 
 def _machine(
     simulate: str | None,
-) -> tuple[GpuBackend, OpenMachine, Callable[[], float], list[str]]:
-    """The GPU backend, the compute, the clock both run on, and notes for the report."""
+) -> tuple[GpuBackend, OpenMachine, Callable[[], float], SamplerFactory | None, list[str]]:
+    """The GPU backend, the compute, the clock both run on, what reads the GPUs during
+    the bursts (``None``: a thread reading the backend), and notes for the report."""
     if simulate is not None:
         from trainmedic.doctor.stress.simulated import load_stress_simulation
 
         sim = load_stress_simulation(simulate)
-        return sim.backend, lambda _: ("simulated", sim.machine), sim.clock, []
+        return sim.backend, lambda _: ("simulated", sim.machine), sim.clock, sim.sampler, []
     from trainmedic.doctor.stress.torch_machine import open_torch_machine
     from trainmedic.gpu.factory import open_nvml_or_none
 
-    return open_nvml_or_none(), open_torch_machine, time.monotonic, []
+    return open_nvml_or_none(), open_torch_machine, time.monotonic, None, []

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import io
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 import click
 
@@ -67,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     _open_std_fds()
     _tolerant_stdio()
+    _survive_closed_stdout()
     try:
         result = cli.main(args=args, prog_name="trainmedic", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -93,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("interrupted", prefix="trainmedic: ")
         return 130
     except BrokenPipeError:
+        # Only where stdout could not be wrapped (a stream that is not a descriptor).
         _quiet_stdout()
         return 1
     except OSError as exc:
@@ -161,6 +165,65 @@ def _tolerant_stdio() -> None:
         if reconfigure is not None:
             with contextlib.suppress(ValueError, OSError):
                 reconfigure(errors="backslashreplace")
+
+
+class _ReaderGoneSafeStdout(io.RawIOBase):
+    """stdout's descriptor, whose reader going away (``| head -3``) is not an error:
+    from the first failed write on, output goes to /dev/null, so the command finishes
+    its work and exits with the status it would have had."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self.reader_gone = False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        size = len(memoryview(data))
+        if self.reader_gone:
+            return size
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            self.reader_gone = True
+            _quiet_stdout()
+            return size
+
+
+def _survive_closed_stdout() -> None:
+    """Put :class:`_ReaderGoneSafeStdout` under ``sys.stdout``, once, and only over the
+    process's own stdout (a test's captured stream is left alone). Every writer (click,
+    rich, ``print``) goes through ``sys.stdout``, so none sees the closed pipe."""
+    stream: TextIO = sys.stdout
+    if stream is None or sys.__stdout__ is None or id(stream) != id(sys.__stdout__):
+        return
+    try:
+        fd = stream.fileno()
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        return
+    raw = _ReaderGoneSafeStdout(fd)
+    # Buffered as the stream it replaces: unbuffered under ``python -u`` or
+    # PYTHONUNBUFFERED (so that its lines keep their place among the job's, which
+    # the run writes to the descriptor directly), by line on a terminal.
+    unbuffered = bool(getattr(stream, "write_through", False))
+    layer: Any = raw if unbuffered else io.BufferedWriter(raw)
+    wrapped = io.TextIOWrapper(
+        layer,
+        encoding=stream.encoding,
+        errors="backslashreplace",
+        line_buffering=bool(getattr(stream, "line_buffering", False)),
+        write_through=unbuffered,
+    )
+    sys.stdout = wrapped
 
 
 def _quiet_stdout() -> None:

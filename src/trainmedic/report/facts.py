@@ -162,10 +162,24 @@ def format_value(key: str, value: Any) -> str:
     if isinstance(value, (list, tuple)):
         if len(value) == 2 and key.endswith("_interval"):
             return f"{format_value(key[:-9], value[0])}-{format_value(key[:-9], value[1])}"
+        if "pairs" in key and value and all(_is_pair(v) for v in value):
+            # Ordered pairs (GPU 0 to GPU 3): one arrow each, not four flat numbers.
+            shown = ", ".join(f"{a}->{b}" for a, b in value[:MAX_LIST_ITEMS])
+            more = len(value) - MAX_LIST_ITEMS
+            return shown + (f" (+{more} more)" if more > 0 else "")
         shown = "; ".join(format_value(key, v) for v in value[:MAX_LIST_ITEMS])
         more = len(value) - MAX_LIST_ITEMS
         return shown + (f" (+{more} more)" if more > 0 else "")
     return "-" if value is None else str(value)
+
+
+def _is_pair(value: Any) -> bool:
+    """``[0, 3]``: two integers, as an ordered pair is kept in the evidence."""
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    )
 
 
 # --- what each key says ---------------------------------------------------------------

@@ -32,16 +32,21 @@ def _drift(d: Drift | None, unit: str, high: bool = False) -> str:
     if d is None:
         return "-"
     end = d.high if high else d.end
-    return f"{d.start:.0f}→{end:.0f} {unit}"
+    text = f"{d.start:.0f}→{end:.0f} {unit}"
+    if not high and d.low < min(d.start, d.end):  # fell during the load and came back
+        text += f" (low {d.low:.0f})"
+    return text
 
 
 def figure_rows(result: StressResult) -> tuple[list[str], list[list[str]]]:
     """The figures table: its header and one row per GPU (strings, units in the header)."""
     dtypes = _dtypes(result)
+    alone = any(g.tflops_alone for g in result.gpus)
     head = [
         "GPU",
         "model",
         *[f"{d} TFLOP/s" for d in dtypes],
+        *(["alone TFLOP/s"] if alone else []),
         "memory GB/s",
         "host GB/s h2d/d2h pinned",
         "SM clock",
@@ -58,6 +63,8 @@ def figure_rows(result: StressResult) -> tuple[list[str], list[list[str]]]:
             rate = g.tflops.get(d)
             peak = sheet.tflops.get(d) if sheet else None
             cells.append("-" if rate is None else _share(rate.mean, peak))
+        if alone:
+            cells.append(_alone(g))
         mem = g.memory_gb_per_s
         cells.append(
             "-" if mem is None else _share(mem.mean, sheet.memory_gb_per_s if sheet else None)
@@ -72,6 +79,14 @@ def figure_rows(result: StressResult) -> tuple[list[str], list[list[str]]]:
         cells.append(", ".join(f"{k} {v:.0%}" for k, v in r.reason_shares.items()) or "none")
         rows.append(cells)
     return head, rows
+
+
+def _alone(g: GpuStress) -> str:
+    """``fp8 1350 (together 67 %)``: the one-at-a-time pass and what running together kept."""
+    for dtype, rate in g.tflops_alone.items():
+        share = g.together_share(dtype)
+        return f"{dtype} {rate.mean:.0f}" + ("" if share is None else f" (together {share:.0%})")
+    return "-"
 
 
 def _memtest(g: GpuStress) -> str:
@@ -137,8 +152,11 @@ def render_stress_html(
         f"<p>{len(result.gpus)} GPU(s), {result.seconds:g} s each asked, {result.elapsed_s:.0f} s "
         f"under load via {e(result.machine)}, readings from {e(result.backend)}; {e(when)}.</p>",
         "<h2>Figures</h2>",
-        "<p>TFLOP/s dense; in brackets the share of the datasheet's peak. Memory: device "
-        "copies, bytes read plus written.</p>",
+        "<p>TFLOP/s dense, every GPU running at once; in brackets the share of the "
+        "datasheet's peak. Alone: each GPU by itself in its best dtype, and the share of that "
+        "it kept with every GPU running. Memory: device copies, bytes read plus written. "
+        "Clock, power and temperature: read during the bursts, from the first reading to the "
+        "last (temperature: to the hottest).</p>",
         f'<table class="events">{table}</table>',
         *(f"<p><b>Note:</b> {e(n)}</p>" for n in notes),
         "<h2>Findings</h2>",

@@ -19,7 +19,7 @@ from trainmedic.doctor.stress.judge_health import (
     check_temperature,
     check_throttling,
 )
-from trainmedic.doctor.stress.results import Drift
+from trainmedic.doctor.stress.results import Drift, GpuStress
 from trainmedic.findings.model import Finding
 from trainmedic.gpu.types import EccCounts
 
@@ -36,11 +36,11 @@ def test_matmul_under_half_the_datasheet() -> None:
     low = make_gpu(tflops={"bf16": rate(445.0), "fp32": rate(51.0)})
     (f,) = check_matmul_datasheet(make_result(low))
     assert f.id == "stress.matmul_below_datasheet" and f.severity.value == "warning"
-    assert f.title == "GPU 0 (H100 SXM5) reaches 445 TFLOP/s in bf16, 45 % of its datasheet's 989"
+    assert f.title == "GPU 0 (H100 SXM5) reaches 445 TFLOP/s in bf16, 45 % of its datasheet's 989.5"
     assert f.evidence["below_min_share"] == ["bf16"]
-    assert f.impact == pytest.approx(1 - (445 / 989) / 0.75, abs=1e-4)
+    assert f.impact == pytest.approx(1 - (445 / 989.5) / 0.75, abs=1e-4)
     # At 50 % exactly it is not below.
-    assert check_matmul_datasheet(make_result(make_gpu(tflops={"bf16": rate(494.5)}))) == []
+    assert check_matmul_datasheet(make_result(make_gpu(tflops={"bf16": rate(494.75)}))) == []
 
 
 def test_memory_bandwidth_against_datasheet_and_peers() -> None:
@@ -146,3 +146,60 @@ def test_an_unknown_model_and_an_unmeasured_dtype_are_information() -> None:
 )
 def test_gpu_lists_read_as_words(indices: list[int], text: str) -> None:
     assert gpu_list(indices) == text
+
+
+def test_pairs_without_peer_access_read_as_arrows_and_stay_pairs_in_json() -> None:
+    import io
+    import json
+
+    from rich.console import Console
+
+    from trainmedic.doctor.stress.judge import check_peers
+    from trainmedic.doctor.stress.results import PeerStress
+    from trainmedic.report.html import findings_html
+    from trainmedic.report.terminal import render_finding
+
+    gpus = tuple(make_gpu(i) for i in (0, 3))
+    peers = (PeerStress(0, 3, None), PeerStress(3, 0, None))
+    (f,) = check_peers(make_result(*gpus, peers=peers))
+    assert f.id == "stress.no_peer_access"
+    assert json.loads(json.dumps(f.evidence)) == {"pairs_without_peer_access": [[0, 3], [3, 0]]}
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None).print(render_finding(f, width=100))
+    assert "0->3, 3->0" in out.getvalue() and "0; 3" not in out.getvalue()
+    page = findings_html([f])
+    assert "0-&gt;3, 3-&gt;0" in page and "0; 3" not in page
+
+
+def test_together_against_alone_edges() -> None:
+    from trainmedic.doctor.stress.judge_together import check_matmul_together
+
+    def gpu(index: int, together: float, alone: float | None, **kw: object) -> GpuStress:
+        extra = {} if alone is None else {"tflops_alone": {"fp8": rate(alone)}}
+        tflops = {"fp8": rate(together), "bf16": rate(760.0)}
+        return make_gpu(index, tflops=tflops, **extra, **kw)
+
+    # Exactly at the bar keeps the whole speed together: nothing.
+    assert check_matmul_together(make_result(gpu(0, 1215.0, 1350.0), gpu(1, 1350.0, 1350.0))) == []
+    # No alone figure (one GPU selected): nothing to compare.
+    assert check_matmul_together(make_result(gpu(0, 900.0, None))) == []
+    # Slow alone too wins over slower together: one finding, about the GPU itself.
+    (f,) = check_matmul_together(make_result(gpu(0, 600.0, 1000.0), gpu(1, 1350.0, 1350.0)))
+    assert (f.id, f.subject, f.category.value) == (
+        "stress.matmul_slow_alone",
+        "gpu0",
+        "gpu_capacity",
+    )
+    # Alone with no same-model peer: judged against the datasheet (1979 fp8 on H100 SXM5).
+    odd = gpu(1, 1350.0, 1350.0, name="NVIDIA Other", datasheet=None)
+    (f,) = check_matmul_together(make_result(gpu(0, 900.0, 950.0), odd))
+    assert f.id == "stress.matmul_slow_alone"
+    assert f.title.endswith("48 % of its datasheet's peak")
+    assert f.impact == pytest.approx(1 - (950 / 1979) / 0.75, abs=1e-4)
+    # A clock that fell under load makes slower-together a thermal finding.
+    fell = make_readings(sm_clock_mhz=Drift(1980, 1900, 1500, 1980), mean_clock_ratio=0.9)
+    (f,) = check_matmul_together(
+        make_result(gpu(0, 1000.0, 1350.0, readings=fell), gpu(1, 1350.0, 1350.0))
+    )
+    assert (f.id, f.category.value) == ("stress.matmul_slower_together", "thermal")
+    assert f.impact == pytest.approx(1 - 1000 / 1350, abs=1e-4)

@@ -41,6 +41,7 @@ def run_file(path: Path, seconds: float = 20.0, **plan: Any) -> StressResult:
         lambda _: ("simulated", sim.machine),
         sim.clock,
         own_pid=1,
+        sampler=sim.sampler,
     )
 
 
@@ -62,6 +63,7 @@ def test_the_faulty_machine_gives_exactly_its_findings(faults: StressResult) -> 
         ("stress.throttled_under_load", "error", "gpu3"),
         ("stress.matmul_slower_than_peers", "warning", "gpu3"),
         ("stress.matmul_below_datasheet", "warning", "gpu3"),
+        ("stress.matmul_slow_alone", "warning", "gpu3"),
         ("stress.memory_test_errors", "error", "gpu2"),
         ("stress.ecc_errors_under_load", "error", "gpu2"),
         ("stress.pcie_link_degraded_under_load", "warning", "gpu1"),
@@ -74,41 +76,52 @@ def test_the_faulty_machine_gives_exactly_its_findings(faults: StressResult) -> 
 
 
 def test_the_run_follows_its_budget_on_the_injected_clock(faults: StressResult) -> None:
-    # 20 s: matmul 11 s (5 dtypes x 4 bursts), device copies 2 s, then per GPU a 3 s
-    # memory test and 2 s of host copies, and 10 peer pairs of 0.1667 s (2 have no access).
-    assert faults.elapsed_s == pytest.approx(11 + 2 + 4 * (3 + 2) + 10 * 2 / 12)
+    # 20 s: matmul 10 s (5 dtypes x 4 bursts), each GPU alone 1 s (2 bursts), device
+    # copies 2 s, then per GPU a 3 s memory test and 2 s of host copies, and 10 peer
+    # pairs of 0.1667 s (2 have no access).
+    assert faults.elapsed_s == pytest.approx(10 + 4 * 1 + 2 + 4 * (3 + 2) + 10 * 2 / 12)
     assert faults.machine == "simulated" and faults.backend == "simulated"
     g0 = faults.gpus[0]
     assert [g0.tflops[d].bursts for d in ("fp8", "bf16", "fp16", "tf32", "fp32")] == [4] * 5
-    # 1 before, 20 matmul bursts, 4 copy bursts, 1 after the memory tests, 4 x 4 host
-    # bursts and 12 pairs: 54 readings of every GPU.
-    assert {g.readings.samples for g in faults.gpus} == {54}
+    assert g0.tflops_alone["fp8"].bursts == 2 and g0.together_share("fp8") == 1.0
+    # Every 0.2 s during the bursts (at 0, 0.2 and 0.4 s of each 0.5 s one): 20 matmul
+    # bursts, 8 alone and 4 copy bursts x 3; 4 memory tests of 3 s x 15; 16 host bursts
+    # x 3; 10 peer bursts of 0.1667 s x 1 (the 2 pairs without access did no work).
+    assert {g.readings.samples for g in faults.gpus} == {60 + 24 + 12 + 60 + 48 + 10}
+    assert {g.readings.sample_period_s for g in faults.gpus} == {0.2}
 
 
 def test_a_power_brake_slows_gpu3_against_its_peers(faults: StressResult) -> None:
     g3 = faults.gpus[3]
-    # The brake holds 1200 of 1980 MHz from second 1 to 15: bf16 runs at 2.2-4.4 s.
+    # The brake holds 1200 of 1980 MHz from second 1 to 15: bf16 runs at 2-4 s.
     assert g3.tflops["bf16"].mean == pytest.approx(760 * 1200 / 1980, abs=0.01)
-    assert g3.peak_share("bf16") == pytest.approx(0.4657, abs=1e-4)
-    assert faults.gpus[0].peak_share("bf16") == pytest.approx(0.7685, abs=1e-4)
-    # 23 of 54 readings (t = 1.1 ... 13.0) fall in the brake.
-    assert g3.readings.reason_shares == {"hw_power_brake": 0.4259, "hw_slowdown": 0.4259}
+    assert g3.peak_share("bf16") == pytest.approx(760 * 1200 / 1980 / 989.5, abs=1e-4)
+    assert faults.gpus[0].peak_share("bf16") == pytest.approx(760 / 989.5, abs=1e-4)
+    # 84 of 214 readings fall in the brake: 18 matmul bursts x 3 (t = 1.0 ... 9.9), the
+    # 8 alone bursts x 3, and 6 readings of the device copies (t = 14.0 ... 14.9).
+    assert g3.readings.reason_shares == {"hw_power_brake": 0.3925, "hw_slowdown": 0.3925}
     assert g3.readings.sm_clock_mhz is not None and g3.readings.sm_clock_mhz.low == 1200
     findings = {f.id: f for f in judge_stress(faults) if f.subject == "gpu3"}
     peers = findings["stress.matmul_slower_than_peers"]
     assert peers.title == (
         "GPU 3 reaches 47 % of its bf16 peak while GPUs 0-2 reach 77 %; "
-        "power brake active 43 % of the time"
+        "power brake active 39 % of the time"
     )
     assert peers.evidence["ratio_to_peers"] == pytest.approx(0.6061, abs=1e-4)
     assert peers.impact == pytest.approx(0.3939, abs=1e-4)
     throttled = findings["stress.throttled_under_load"]
     assert throttled.title == (
-        "GPU 3 under load: power brake active 43 % of the time; its SM "
+        "GPU 3 under load: power brake active 39 % of the time; its SM "
         "clock fell from 1980 to 1200 MHz (-39 %) and ended at 1980 MHz"
     )
     assert throttled.impact == pytest.approx(1 - throttled.evidence["mean_clock_ratio"])
     assert "ipmitool sel list" in throttled.fix
+    # Alone (at 12-13 s, still braked) it is as slow: the GPU, not the others' load.
+    alone = findings["stress.matmul_slow_alone"]
+    assert alone.category.value == "gpu_capacity"
+    assert alone.evidence["tflops_alone"] == pytest.approx(1350 * 1200 / 1980, abs=1e-3)
+    assert alone.evidence["peers_median_tflops_alone"] == 1350.0
+    assert alone.impact == pytest.approx(1 - 1200 / 1980, abs=1e-4)
 
 
 def test_memory_errors_and_ecc_on_gpu2(faults: StressResult) -> None:
@@ -176,7 +189,14 @@ def test_a_busy_gpu_is_refused_before_any_work(tmp_path: Path) -> None:
         return "simulated", sim.machine
 
     with pytest.raises(GpuBusyError, match=r"GPU 2 is in use by pid 4242 \(python\)") as info:
-        run_stress(StressPlan(seconds=5), sim.backend, open_machine, sim.clock, own_pid=1)
+        run_stress(
+            StressPlan(seconds=5),
+            sim.backend,
+            open_machine,
+            sim.clock,
+            own_pid=1,
+            sampler=sim.sampler,
+        )
     assert info.value.exit_code == 4 and opened == [] and sim.clock() == 0
 
 
@@ -188,6 +208,7 @@ def test_force_stresses_a_busy_gpu_and_our_own_process_never_counts(tmp_path: Pa
         lambda _: ("simulated", sim.machine),
         sim.clock,
         own_pid=1,
+        sampler=sim.sampler,
     )
     assert len(result.gpus) == 4 and sim.machine.closed
     sim = load_stress_simulation(with_process(tmp_path))
@@ -197,6 +218,7 @@ def test_force_stresses_a_busy_gpu_and_our_own_process_never_counts(tmp_path: Pa
         lambda _: ("simulated", sim.machine),
         sim.clock,
         own_pid=4242,
+        sampler=sim.sampler,
     )
     assert len(result.gpus) == 4
 

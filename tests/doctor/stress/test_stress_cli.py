@@ -97,22 +97,29 @@ def test_faulty_machine_exits_1_and_writes_json_and_html(
     assert code == 1, err
     doc = json.loads(json_path.read_text())
     jsonschema.validate(doc, findings_schema())
-    assert doc["summary"] == {"info": 4, "warning": 8, "error": 3}
+    assert doc["summary"] == {"info": 4, "warning": 9, "error": 3}
     ctx = doc["context"]
     assert ctx["mode"] == "stress" and ctx["notes"] == [
         "dcgmi diag is not run on a simulated machine"
     ]
     g3 = ctx["stress"]["gpus"][3]
     assert g3["tflops"]["bf16"]["mean"] == pytest.approx(460.606, abs=1e-3)
-    assert g3["peak_share"]["bf16"] == pytest.approx(0.4657, abs=1e-4)
+    assert g3["peak_share"]["bf16"] == pytest.approx(0.4655, abs=1e-4)
     assert g3["datasheet"]["model"] == "H100 SXM5"
+    # Alone (braked still) in fp8, its best dtype: 1350 x 1200 / 1980.
+    assert g3["tflops_alone"]["fp8"]["mean"] == pytest.approx(818.182, abs=1e-3)
+    assert g3["together_share"]["fp8"] == pytest.approx(1084.091 / 818.182, abs=1e-4)
+    assert g3["readings"]["sample_period_s"] == 0.2
     page = html_path.read_text()
     assert '<meta name="generator" content="trainmedic">' in page
     assert "GPU 3 reaches 47 % of its bf16 peak while GPUs 0-2 reach 77 %" in page
     assert "resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet" in page
     assert "<script" not in page
+    assert "<th>alone TFLOP/s</th>" in page and "<td>fp8 818 (together 132%)</td>" in page
+    assert "<td>1980→1980 MHz (low 1200)</td>" in page  # GPU 3's clock during the bursts
     # The terminal shows the figures table and the findings.
     assert "bf16 TFLOP/s" in out and "stress.matmul_slower_than_peers" in out
+    assert "alone TFLOP/s" in out and "stress.matmul_slow_alone" in out
     # An HTML page trainmedic wrote may be replaced; --fail-on never exits 0.
     code, _, _ = run_cli(
         capsys,

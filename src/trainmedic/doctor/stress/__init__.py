@@ -2,9 +2,10 @@
 
 A bounded burn-in (docs/stress.md): :mod:`.runner` drives a :class:`~.machine.StressMachine`
 (torch.cuda in :mod:`.torch_machine`, a simulation in :mod:`.simulated`) and reads the GPU
-backend between bursts (summed up by :mod:`.readings`) into a :class:`~.results.StressResult`;
-:mod:`.judge` and :mod:`.judge_health` turn it into findings against :mod:`.datasheet`'s
-table and the machine's other GPUs; :mod:`.dcgm` runs and reads ``dcgmi diag``.
+backend during the bursts (:mod:`.sampling`, summed up by :mod:`.readings`) into a
+:class:`~.results.StressResult`; :mod:`.judge`, :mod:`.judge_together` and
+:mod:`.judge_health` turn it into findings against :mod:`.datasheet`'s table and the
+machine's other GPUs; :mod:`.dcgm` runs and reads ``dcgmi diag``.
 """
 
 from trainmedic.doctor.stress.judge import judge_stress

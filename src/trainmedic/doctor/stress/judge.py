@@ -3,7 +3,8 @@
 Pure functions from a :class:`~.results.StressResult` to findings (ids ``stress.*``,
 docs/stress.md lists them with their thresholds): compute and memory bandwidth against
 the datasheet and against the machine's other GPUs of the same model, host copies against
-what the PCIe link allows, copies between GPUs, and one summary per GPU. The health side
+what the PCIe link allows, copies between GPUs, and one summary per GPU; each GPU alone
+against itself among the others is :mod:`.judge_together`. The health side
 (memory test, ECC, clocks, heat, dcgmi) is :mod:`.judge_health`; :func:`judge_stress`
 runs both.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from trainmedic.doctor.stress import datasheet
 from trainmedic.doctor.stress.judge_health import HEALTH_CHECKS, leading_slowdown
+from trainmedic.doctor.stress.judge_together import check_matmul_together
 from trainmedic.doctor.stress.results import GpuStress, Rate, StressResult, median
 from trainmedic.findings.model import Category, Finding, Severity, rank_findings
 
@@ -459,6 +461,7 @@ def check_figures(result: StressResult) -> list[Finding]:
 FIGURE_CHECKS: tuple[Check, ...] = (
     check_matmul_datasheet,
     check_matmul_peers,
+    check_matmul_together,
     check_memory_bandwidth,
     check_host_link,
     check_peers,

@@ -3,7 +3,7 @@
 :class:`StressMachine` is implemented twice: on real GPUs through torch.cuda
 (:mod:`.torch_machine`) and by a simulation description (:mod:`.simulated`), so the
 runner and every judgment run on a CPU machine in the tests. Each call is one bounded
-*burst* of work; the runner reads the GPUs (clocks, power, reasons) between bursts.
+*burst* of work; the runner reads the GPUs (clocks, power, reasons) while it runs.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class StressMachine(Protocol):
 
     def matmul(self, indices: Sequence[int], dtype: str, seconds: float) -> dict[int, Work]:
         """Dense matmuls in ``dtype`` on every GPU of ``indices`` at once for about
-        ``seconds``; FLOP per GPU."""
+        ``seconds`` (one index: that GPU alone); FLOP per GPU."""
         ...
 
     def device_copy(self, indices: Sequence[int], seconds: float) -> dict[int, Work]:

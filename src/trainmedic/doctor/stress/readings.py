@@ -1,7 +1,9 @@
 """The GPU backend's readings through a stress run, summed up per GPU.
 
-Pure: from the :class:`~trainmedic.gpu.types.GpuSample` objects read between bursts to
-:class:`~.results.LoadReadings`. Which clock event reasons count, and when, is
+Pure: from the :class:`~trainmedic.gpu.types.GpuSample` objects read during the bursts
+(:mod:`.sampling`) to :class:`~.results.LoadReadings`: each reading's course from the
+first reading under load to the last, and each slowdown reason's share of them. Which
+clock event reasons count, and when, is
 :mod:`trainmedic.gpu.faults` (the table doctor and the run diagnosis read too).
 """
 
@@ -15,10 +17,13 @@ from trainmedic.gpu.types import GpuSample
 
 
 def summarize_load(
-    samples: Sequence[GpuSample], link_samples: Sequence[GpuSample] = ()
+    samples: Sequence[GpuSample],
+    link_samples: Sequence[GpuSample] = (),
+    period_s: float | None = None,
 ) -> LoadReadings:
-    """The readings of one GPU under load; ``link_samples`` are those read during the host
-    copies (the PCIe link's state under load)."""
+    """The readings of one GPU taken during the bursts, every ``period_s`` seconds;
+    ``link_samples`` are those taken during its host copies (the PCIe link's state under
+    load)."""
     last = samples[-1] if samples else None
     ratios = [r for r in (faults.clock_ratio(s) for s in samples) if r is not None]
     shares: dict[str, float] = {}
@@ -41,4 +46,5 @@ def summarize_load(
         reason_shares=shares,
         link_gen_under_load=max(gens) if gens else None,
         link_width_under_load=max(widths) if widths else None,
+        sample_period_s=period_s,
     )

@@ -1,7 +1,8 @@
 """What a stress run measured: typed, frozen, with units in the names.
 
-Built by :mod:`.runner`, judged by :mod:`.judge`, shown by :mod:`.view` and written into
-the findings document's ``context["stress"]`` by :meth:`StressResult.to_dict`.
+Built by :mod:`.runner`, judged by :mod:`.judge`, shown by :mod:`trainmedic.report.stress`
+and written into the findings document's ``context["stress"]`` by
+:meth:`StressResult.to_dict`.
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ class Drift:
 
 @dataclass(frozen=True)
 class LoadReadings:
-    """What the GPU backend read from one GPU between the bursts.
+    """What the GPU backend read from one GPU during the bursts.
 
     Attributes:
-        samples: readings taken.
+        samples: readings taken, all while a burst ran.
+        sample_period_s: seconds between two readings during a burst (``None``: not stated).
         sm_clock_mhz / power_w / temperature_c: through the load.
         sm_clock_max_mhz / power_limit_w / temperature_slowdown_c: the limits, as read.
         mean_clock_ratio: mean SM clock over its maximum, 0..1.
@@ -103,6 +105,7 @@ class LoadReadings:
     reason_shares: Mapping[str, float]
     link_gen_under_load: int | None = None
     link_width_under_load: int | None = None
+    sample_period_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         def d(x: Drift | None) -> dict[str, Any] | None:
@@ -110,6 +113,7 @@ class LoadReadings:
 
         return {
             "samples": self.samples,
+            "sample_period_s": self.sample_period_s,
             "sm_clock_mhz": d(self.sm_clock_mhz),
             "power_w": d(self.power_w),
             "temperature_c": d(self.temperature_c),
@@ -136,6 +140,8 @@ class GpuStress:
         host_gb_per_s: ``h2d_pinned``, ``h2d_pageable``, ``d2h_pinned``, ``d2h_pageable``.
         link: the PCIe link as read before the load (its maximum generation and width).
         ecc_before / ecc_after, rows_before / rows_after: the error counters around the run.
+        tflops_alone: dense matmul TFLOP/s with this GPU running alone, in its best dtype
+            (empty with one GPU selected: its ``tflops`` were alone already).
     """
 
     index: int
@@ -153,6 +159,15 @@ class GpuStress:
     ecc_after: EccCounts = field(default_factory=EccCounts)
     rows_before: RemappedRows = field(default_factory=RemappedRows)
     rows_after: RemappedRows = field(default_factory=RemappedRows)
+    tflops_alone: Mapping[str, Rate] = field(default_factory=dict)
+
+    def together_share(self, dtype: str) -> float | None:
+        """TFLOP/s with every GPU running over TFLOP/s alone in ``dtype``: 1 when running
+        together costs nothing, 0.7 when it costs 30 %."""
+        alone, together = self.tflops_alone.get(dtype), self.tflops.get(dtype)
+        if alone is None or together is None or alone.mean <= 0:
+            return None
+        return round(together.mean / alone.mean, 4)
 
     def peak_share(self, dtype: str) -> float | None:
         """Measured TFLOP/s over the datasheet's peak in ``dtype``, 0..1+."""
@@ -169,6 +184,8 @@ class GpuStress:
             "datasheet": None if self.datasheet is None else self.datasheet.to_dict(),
             "tflops": {k: v.to_dict() for k, v in self.tflops.items()},
             "peak_share": {k: self.peak_share(k) for k in self.tflops},
+            "tflops_alone": {k: v.to_dict() for k, v in self.tflops_alone.items()},
+            "together_share": {k: self.together_share(k) for k in self.tflops_alone},
             "not_measured": dict(self.not_measured),
             "memory_gb_per_s": None
             if self.memory_gb_per_s is None

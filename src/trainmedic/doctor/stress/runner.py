@@ -1,12 +1,16 @@
-"""A stress run: which GPUs, in which order, for how long; observe between the bursts.
+"""A stress run: which GPUs, in which order, for how long; read the GPUs during the bursts.
 
 Order: the GPUs are read once (error counters, PCIe link, other processes: a GPU another
 process uses is refused without ``force``); then every selected GPU at once runs dense
 matmuls in each dtype and device-to-device copies (the whole machine hot and drawing
-power, as in training); then one GPU at a time runs its memory test and its host copies
-(host memory and the PCIe switches are shared: one at a time measures each link's own);
-then each ordered pair of GPUs copies peer to peer. Every GPU is read through the
-:class:`~trainmedic.gpu.backend.GpuBackend` after each burst, and once more at the end.
+power, as in training); then, on a machine with more than one selected GPU, each GPU
+alone runs a short matmul pass in its best dtype (a GPU slow only when all run together
+is held back by power or heat; one slow alone too is slow itself); then one GPU at a
+time runs its memory test and its host copies (host memory and the PCIe switches are
+shared: one at a time measures each link's own); then each ordered pair of GPUs copies
+peer to peer. During every burst a :class:`~.sampling.LoadSampler` reads every GPU
+through the :class:`~trainmedic.gpu.backend.GpuBackend` at a fixed period (started
+before the burst, stopped after it); the error counters are read once more at the end.
 
 The compute is a :class:`~.machine.StressMachine` opened only after the checks pass (a real
 one starts CUDA on every GPU). Time comes from the injected ``clock``; nothing sleeps.
@@ -18,20 +22,25 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 from trainmedic.doctor.stress import datasheet
 from trainmedic.doctor.stress.dcgm import DcgmOutcome
 from trainmedic.doctor.stress.machine import Direction, StressMachine, Work
 from trainmedic.doctor.stress.readings import summarize_load
 from trainmedic.doctor.stress.results import GIGA, TERA, GpuStress, PeerStress, Rate, StressResult
+from trainmedic.doctor.stress.sampling import SAMPLE_PERIOD_S, SamplerFactory, nvml_sampler
 from trainmedic.errors import TrainmedicError, UsageError
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 BUDGET_SHARES: Mapping[str, float] = {
-    "matmul": 0.55,  # split over the dtypes, all GPUs at once
+    "matmul": 0.50,  # split over the dtypes, all GPUs at once
+    "matmul_alone": 0.05,  # per GPU, one at a time, its best dtype (to matmul with one GPU)
     "device_copy": 0.10,  # all GPUs at once
     "memtest": 0.15,  # per GPU, one at a time
     "host_copy": 0.10,  # per GPU, split over h2d/d2h x pinned/pageable
@@ -144,20 +153,37 @@ def check_not_busy(samples: Sequence[GpuSample], own_pid: int) -> None:
 
 
 @dataclass
-class _Observer:
-    """The readings taken between bursts, per GPU, and the host-copy ones apart."""
+class _Readings:
+    """The readings taken during the bursts, per GPU, and the host-copy ones apart."""
 
-    backend: GpuBackend
+    sampler: SamplerFactory
     indices: tuple[int, ...]
     load: dict[int, list[GpuSample]] = field(default_factory=dict)
     link: dict[int, list[GpuSample]] = field(default_factory=dict)
 
-    def read(self, link_of: int | None = None) -> None:
-        for i in self.indices:
-            s = self.backend.sample(i)
-            self.load.setdefault(i, []).append(s)
+    def during(
+        self,
+        burst: Callable[[], T],
+        link_of: int | None = None,
+        worked: Callable[[T], bool] = lambda _: True,
+    ) -> T:
+        """Run ``burst`` while every GPU is read; ``link_of``: the GPU whose host copies
+        it is (its readings also tell the PCIe link under load). The readings of a burst
+        that did no work (``worked`` says, from what it returned) are not kept: they were
+        not taken under load."""
+        sampler = self.sampler(self.indices)
+        sampler.start()
+        try:
+            out = burst()
+        finally:
+            taken = sampler.stop()
+        if not worked(out):
+            return out
+        for i, samples in taken.items():
+            self.load.setdefault(i, []).extend(samples)
             if i == link_of:
-                self.link.setdefault(i, []).append(s)
+                self.link.setdefault(i, []).extend(samples)
+        return out
 
 
 def _bursts(budget_s: float, burst_s: float) -> list[float]:
@@ -182,10 +208,14 @@ def run_stress(
     clock: Clock,
     own_pid: int | None = None,
     dcgm: Callable[[], DcgmOutcome] | None = None,
+    sampler: SamplerFactory | None = None,
+    sample_period_s: float = SAMPLE_PERIOD_S,
 ) -> StressResult:
     """Run ``plan`` on the GPUs ``backend`` reads, driving them through the machine
     ``open_machine`` returns (with its name) for their first readings, after the checks
-    pass; ``dcgm`` runs after the load.
+    pass; ``sampler`` reads the GPUs during each burst (default: a thread reading
+    ``backend`` every ``sample_period_s`` seconds, the period the result states);
+    ``dcgm`` runs after the load.
 
     Raises:
         UsageError, NoGpuToStress, GpuBusyError: before any GPU is touched.
@@ -198,17 +228,20 @@ def run_stress(
     with contextlib.ExitStack() as stack:
         kind, machine = open_machine(list(before.values()))
         stack.callback(machine.close)
-        observer = _Observer(backend, indices)
-        observer.read()
-        tflops, not_measured = _matmuls(plan, machine, observer, indices)
-        memory = _device_copies(plan, machine, observer, indices)
+        readings = _Readings(sampler or nvml_sampler(backend, sample_period_s), indices)
+        tflops, not_measured = _matmuls(plan, machine, readings, indices)
+        alone = _matmuls_alone(plan, machine, readings, indices, tflops)
+        memory = _device_copies(plan, machine, readings, indices)
         memtests = {
-            i: machine.memtest(i, plan.memtest_share, plan.seconds * BUDGET_SHARES["memtest"])
+            i: readings.during(
+                partial(
+                    machine.memtest, i, plan.memtest_share, plan.seconds * BUDGET_SHARES["memtest"]
+                )
+            )
             for i in indices
         }
-        observer.read()
-        host = {i: _host_copies(plan, machine, observer, i) for i in indices}
-        peers = _peer_copies(plan, machine, observer, indices)
+        host = {i: _host_copies(plan, machine, readings, i) for i in indices}
+        peers = _peer_copies(plan, machine, readings, indices)
         after = {i: backend.sample(i) for i in indices}
     outcome = dcgm() if dcgm is not None else None
     gpus = tuple(
@@ -223,11 +256,14 @@ def run_stress(
             memtest=memtests.get(i),
             host_gb_per_s=host.get(i, {}),
             link=before[i].pcie,
-            readings=summarize_load(observer.load.get(i, []), observer.link.get(i, [])),
+            readings=summarize_load(
+                readings.load.get(i, []), readings.link.get(i, []), sample_period_s
+            ),
             ecc_before=before[i].ecc,
             ecc_after=after[i].ecc,
             rows_before=before[i].remapped_rows,
             rows_after=after[i].remapped_rows,
+            tflops_alone=alone.get(i, {}),
         )
         for i in indices
     )
@@ -243,7 +279,7 @@ def run_stress(
 
 
 def _matmuls(
-    plan: StressPlan, machine: StressMachine, observer: _Observer, indices: tuple[int, ...]
+    plan: StressPlan, machine: StressMachine, readings: _Readings, indices: tuple[int, ...]
 ) -> tuple[dict[int, dict[str, Rate]], dict[int, dict[str, str]]]:
     support = {i: machine.dtypes(i) for i in indices}
     not_measured = {i: {d: why for d, why in support[i].items() if why} for i in indices}
@@ -255,14 +291,17 @@ def _matmuls(
     out: dict[int, dict[str, Rate]] = {i: {} for i in indices}
     if not runnable:
         return out, not_measured
-    budget = plan.seconds * BUDGET_SHARES["matmul"] / len(runnable)
+    share = BUDGET_SHARES["matmul"]
+    if len(indices) == 1:  # all at once is alone: the alone pass's share goes here
+        share += BUDGET_SHARES["matmul_alone"]
+    budget = plan.seconds * share / len(runnable)
     for dtype in runnable:
         on = [i for i in indices if dtype in support[i] and support[i][dtype] is None]
         works: dict[int, list[Work]] = {i: [] for i in on}
         for burst in _bursts(budget, plan.burst_s):
-            for i, w in machine.matmul(on, dtype, burst).items():
+            done = readings.during(partial(machine.matmul, on, dtype, burst))
+            for i, w in done.items():
                 works[i].append(w)
-            observer.read()
         for i in on:
             rate = _rate(works[i], TERA)
             if rate is not None:
@@ -270,27 +309,62 @@ def _matmuls(
     return out, not_measured
 
 
+def best_dtype(measured: Mapping[str, Rate]) -> str | None:
+    """The dtype a GPU computes fastest in, of those it ran (the first of
+    :data:`~.datasheet.DTYPES`, which are ordered fastest first)."""
+    return next((d for d in datasheet.DTYPES if d in measured), None)
+
+
+def _matmuls_alone(
+    plan: StressPlan,
+    machine: StressMachine,
+    readings: _Readings,
+    indices: tuple[int, ...],
+    together: Mapping[int, Mapping[str, Rate]],
+) -> dict[int, dict[str, Rate]]:
+    """Each GPU alone, in its best dtype, for its share of the budget: only where more
+    than one GPU ran together (with one, together was alone)."""
+    out: dict[int, dict[str, Rate]] = {}
+    if len(indices) < 2:
+        return out
+    for i in indices:
+        dtype = best_dtype(together.get(i, {}))
+        if dtype is None:
+            continue
+        works: list[Work] = []
+        for burst in _bursts(plan.seconds * BUDGET_SHARES["matmul_alone"], plan.burst_s):
+            done = readings.during(partial(machine.matmul, [i], dtype, burst))
+            works.extend(w for j, w in done.items() if j == i)
+        rate = _rate(works, TERA)
+        if rate is not None:
+            out[i] = {dtype: rate}
+    return out
+
+
 def _device_copies(
-    plan: StressPlan, machine: StressMachine, observer: _Observer, indices: tuple[int, ...]
+    plan: StressPlan, machine: StressMachine, readings: _Readings, indices: tuple[int, ...]
 ) -> dict[int, Rate]:
     works: dict[int, list[Work]] = {i: [] for i in indices}
     for burst in _bursts(plan.seconds * BUDGET_SHARES["device_copy"], plan.burst_s):
-        for i, w in machine.device_copy(indices, burst).items():
+        done = readings.during(partial(machine.device_copy, indices, burst))
+        for i, w in done.items():
             works[i].append(w)
-        observer.read()
     return {i: r for i in indices if (r := _rate(works[i], GIGA)) is not None}
 
 
 def _host_copies(
-    plan: StressPlan, machine: StressMachine, observer: _Observer, index: int
+    plan: StressPlan, machine: StressMachine, readings: _Readings, index: int
 ) -> dict[str, Rate]:
     out: dict[str, Rate] = {}
     budget = plan.seconds * BUDGET_SHARES["host_copy"] / len(HOST_COPIES)
     for direction, pinned in HOST_COPIES:
         works = []
         for burst in _bursts(budget, plan.burst_s):
-            works.append(machine.host_copy(index, direction, pinned, burst))
-            observer.read(link_of=index)
+            works.append(
+                readings.during(
+                    partial(machine.host_copy, index, direction, pinned, burst), link_of=index
+                )
+            )
         rate = _rate(works, GIGA)
         if rate is not None:
             out[f"{direction}_{'pinned' if pinned else 'pageable'}"] = rate
@@ -298,7 +372,7 @@ def _host_copies(
 
 
 def _peer_copies(
-    plan: StressPlan, machine: StressMachine, observer: _Observer, indices: tuple[int, ...]
+    plan: StressPlan, machine: StressMachine, readings: _Readings, indices: tuple[int, ...]
 ) -> tuple[PeerStress, ...]:
     pairs = [(a, b) for a in indices for b in indices if a != b]
     if not pairs:
@@ -308,10 +382,11 @@ def _peer_copies(
     for src, dst in pairs:
         works: list[Work] = []
         for burst in _bursts(budget, plan.burst_s):
-            w = machine.peer_copy(src, dst, burst)
+            w = readings.during(
+                partial(machine.peer_copy, src, dst, burst), worked=lambda w: w is not None
+            )
             if w is None:
                 break
             works.append(w)
-        observer.read()
         out.append(PeerStress(src, dst, _rate(works, GIGA)))
     return tuple(out)

@@ -2,19 +2,21 @@
 section, on a clock the run advances by each burst's length.
 
 The section (docs/stress.md, "Simulation"): per GPU, in the order of the file's ``gpus``,
-the matmul TFLOP/s reached at full SM clock per dtype, the dtypes it cannot run and why,
-the device copy GB/s, the host copy GB/s, and the byte offsets of memory words that read
-back wrong; then ``peer_gb_per_s``, a matrix whose ``null`` off the diagonal means "no
-peer access". Matmul rates follow the SM clock the GPU backend reads at the burst's
-start, so a series that throttles a GPU slows its compute too. The backend replays the
-same file on the same clock, so the readings between bursts are the series' values at
-that moment of the run.
+the matmul TFLOP/s reached at full SM clock per dtype (and the share of it reached when
+every selected GPU runs at once), the dtypes it cannot run and why, the device copy GB/s,
+the host copy GB/s, and the byte offsets of memory words that read back wrong; then
+``peer_gb_per_s``, a matrix whose ``null`` off the diagonal means "no peer access".
+A burst computes in steps of :data:`SIM_STEP_S`, each at the SM clock the GPU backend
+gives at its start, so a series that throttles a GPU, even halfway through a burst,
+slows its compute too. The backend replays the same file on the same clock, and
+:class:`SimulatedSampler` reads it every :data:`~.sampling.SAMPLE_PERIOD_S` while a burst
+advances the clock: the readings during a burst are the series' values at those moments.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,12 @@ from trainmedic.doctor.stress.machine import (
     MemtestOutcome,
     Work,
 )
+from trainmedic.doctor.stress.sampling import SAMPLE_PERIOD_S
 from trainmedic.errors import SimulationFileError
 from trainmedic.gpu import faults
 from trainmedic.gpu.simulated import SimulatedBackend
 from trainmedic.gpu.simulation_file import load_simulation_json
+from trainmedic.gpu.types import GpuSample
 from trainmedic.simulation import SECTIONS
 
 HOST_KEYS = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
@@ -42,21 +46,100 @@ _GPU_KEYS = frozenset(
         "host_gb_per_s",
         "memory_error_offsets",
         "follows_sm_clock",
+        "matmul_together_share",
     }
 )
 
 
 class SimulatedClock:
-    """A clock that moves only when told: seconds since its start."""
+    """A clock that moves only when told: seconds since its start.
+
+    Timers (:meth:`every`) fire at each multiple of their period while :meth:`advance`
+    moves the clock past it, with the clock set to that moment: what a thread reading
+    the GPUs every period during a burst would see.
+    """
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
+        # handle -> [first due time, period, firings so far, callback]
+        self._timers: dict[int, tuple[float, float, list[int], Callable[[], None]]] = {}
+        self._next_handle = 0
 
     def __call__(self) -> float:
         return self._now
 
+    def every(self, period_s: float, callback: Callable[[], None]) -> int:
+        """Call ``callback`` every ``period_s`` seconds from now on; returns a handle."""
+        if period_s <= 0:
+            raise ValueError(f"a timer's period must be positive, not {period_s}")
+        handle = self._next_handle
+        self._next_handle += 1
+        self._timers[handle] = (self._now, period_s, [0], callback)
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        self._timers.pop(handle, None)
+
+    def _due(self, handle: int) -> float:
+        start, period, fired, _ = self._timers[handle]
+        # From the start each time, so that many periods add no rounding drift.
+        return start + (fired[0] + 1) * period
+
     def advance(self, seconds: float) -> None:
-        self._now += max(0.0, seconds)
+        target = self._now + max(0.0, seconds)
+        while self._timers:
+            handle = min(self._timers, key=self._due)
+            due = self._due(handle)
+            if due >= target - _TIE_S:
+                break
+            self._now = due
+            self._timers[handle][2][0] += 1
+            self._timers[handle][3]()
+        self._now = target
+
+
+_TIE_S = 1e-9
+"""A timer due this close to the end of an advance fires with the next one (as a reading
+thread woken at the very end of a burst reads after it)."""
+
+SIM_STEP_S = 0.05
+"""The simulated machine computes in steps of this length, each at the SM clock the GPU
+backend gives at its start: a clock that falls during a burst slows the rest of it."""
+
+
+class SimulatedSampler:
+    """Reads the simulated GPUs at the start of a burst and every ``period_s`` of the
+    simulated clock while the burst advances it (:class:`~.sampling.LoadSampler`)."""
+
+    def __init__(
+        self,
+        backend: SimulatedBackend,
+        indices: Sequence[int],
+        clock: SimulatedClock,
+        period_s: float = SAMPLE_PERIOD_S,
+    ) -> None:
+        self._backend = backend
+        self._indices = tuple(indices)
+        self._clock = clock
+        self._period_s = period_s
+        self._handle: int | None = None
+        self._samples: dict[int, list[GpuSample]] = {i: [] for i in self._indices}
+
+    def _read(self) -> None:
+        for i in self._indices:
+            self._samples[i].append(self._backend.sample(i))
+
+    def start(self) -> None:
+        self._read()
+        self._handle = self._clock.every(self._period_s, self._read)
+
+    def stop(self) -> dict[int, list[GpuSample]]:
+        if self._handle is not None:
+            self._clock.cancel(self._handle)
+            self._handle = None
+        out = self._samples
+        self._samples = {i: [] for i in self._indices}
+        return out
 
 
 @dataclass(frozen=True)
@@ -69,6 +152,7 @@ class SimulatedGpu:
     host_gb_per_s: Mapping[str, float] = field(default_factory=dict)
     memory_error_offsets: tuple[int, ...] = ()
     follows_sm_clock: bool = True
+    matmul_together_share: float = 1.0
 
 
 class SimulatedStressMachine:
@@ -103,18 +187,38 @@ class SimulatedStressMachine:
         ratio = faults.clock_ratio(self._backend.sample(index))
         return 1.0 if ratio is None else min(1.0, ratio)
 
+    def _work(self, seconds: float, rates: Callable[[], Mapping[int, float]]) -> dict[int, Work]:
+        """Run for ``seconds`` in steps of :data:`SIM_STEP_S`, each at the ``rates`` (per
+        second, per GPU) of its start; the clock moves with the steps."""
+        done: dict[int, float] = {}
+        left = seconds
+        while left > _TIE_S:
+            step = min(SIM_STEP_S, left)
+            for i, rate in rates().items():
+                done[i] = done.get(i, 0.0) + rate * step
+            self._clock.advance(step)
+            left -= step
+        return {i: Work(amount, seconds) for i, amount in done.items()}
+
     def matmul(self, indices: Sequence[int], dtype: str, seconds: float) -> dict[int, Work]:
-        rates = {
-            i: self._gpus[i].matmul_tflops[dtype] * 1e12 * self._clock_ratio(i) for i in indices
-        }
-        self._clock.advance(seconds)
-        return {i: Work(rate * seconds, seconds) for i, rate in rates.items()}
+        # A machine that cannot feed every GPU at once (power, cooling) slows each of them
+        # by its together share only when they run together.
+        together = len(indices) > 1
+        return self._work(
+            seconds,
+            lambda: {
+                i: self._gpus[i].matmul_tflops[dtype]
+                * 1e12
+                * self._clock_ratio(i)
+                * (self._gpus[i].matmul_together_share if together else 1.0)
+                for i in indices
+            },
+        )
 
     def device_copy(self, indices: Sequence[int], seconds: float) -> dict[int, Work]:
-        self._clock.advance(seconds)
-        return {
-            i: Work(self._gpus[i].device_copy_gb_per_s * 1e9 * seconds, seconds) for i in indices
-        }
+        return self._work(
+            seconds, lambda: {i: self._gpus[i].device_copy_gb_per_s * 1e9 for i in indices}
+        )
 
     def memtest(self, index: int, share: float, seconds: float) -> MemtestOutcome:
         free = self._backend.sample(index).memory_free_bytes or 0
@@ -137,15 +241,14 @@ class SimulatedStressMachine:
 
     def host_copy(self, index: int, direction: Direction, pinned: bool, seconds: float) -> Work:
         key = f"{direction}_{'pinned' if pinned else 'pageable'}"
-        self._clock.advance(seconds)
-        return Work(self._gpus[index].host_gb_per_s.get(key, 0.0) * 1e9 * seconds, seconds)
+        rate = self._gpus[index].host_gb_per_s.get(key, 0.0) * 1e9
+        return self._work(seconds, lambda: {index: rate})[index]
 
     def peer_copy(self, src: int, dst: int, seconds: float) -> Work | None:
         rate = self._peers[src][dst] if src < len(self._peers) else None
         if rate is None:
             return None
-        self._clock.advance(seconds)
-        return Work(rate * 1e9 * seconds, seconds)
+        return self._work(seconds, lambda: {src: rate * 1e9})[src]
 
     def close(self) -> None:
         self.closed = True
@@ -161,6 +264,10 @@ class StressSimulation:
     machine: SimulatedStressMachine
     clock: SimulatedClock
     description: str | None
+
+    def sampler(self, indices: Sequence[int]) -> SimulatedSampler:
+        """A sampler of the GPUs ``indices`` during a burst, on the simulation's clock."""
+        return SimulatedSampler(self.backend, indices, self.clock)
 
 
 def load_stress_simulation(
@@ -255,6 +362,13 @@ def _gpu(raw: Any, source: str, where: str) -> SimulatedGpu:
     follows = raw.get("follows_sm_clock", True)
     if not isinstance(follows, bool):
         raise SimulationFileError(source, f"{where}.follows_sm_clock", "expected true or false")
+    together = _number(
+        raw.get("matmul_together_share", 1.0), source, f"{where}.matmul_together_share"
+    )
+    if not 0 < together <= 1:
+        raise SimulationFileError(
+            source, f"{where}.matmul_together_share", "expected a share over 0, at most 1"
+        )
     return SimulatedGpu(
         matmul_tflops=_rates(
             raw.get("matmul_tflops", {}), DTYPES, source, f"{where}.matmul_tflops"
@@ -268,6 +382,7 @@ def _gpu(raw: Any, source: str, where: str) -> SimulatedGpu:
         ),
         memory_error_offsets=tuple(offsets),
         follows_sm_clock=follows,
+        matmul_together_share=together,
     )
 
 

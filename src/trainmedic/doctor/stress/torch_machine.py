@@ -6,7 +6,11 @@ trainmedic). Sizes are chosen to saturate a data-centre GPU: square matmuls of
 copies, 256 MiB host and peer copies. Each figure is timed on the GPU with CUDA events,
 after warm-up calls, over as many calls as fill the burst (the count is calibrated
 once per GPU and dtype); host and peer copies, whose pageable staging runs on the host,
-are timed on the host around a synchronize.
+are timed on the host around a synchronize. The same matmuls serve the pass with every
+GPU at once and the one-GPU-at-a-time pass (``matmul([i], ...)``); the call counts
+calibrated in the first serve the second (operands are held for one dtype at a time).
+While a burst runs, the runner's thread reads NVML (:mod:`.sampling`): the burst waits on
+CUDA events, which releases the GIL.
 """
 
 from __future__ import annotations
