@@ -140,12 +140,14 @@ def _same_culprit_rank(run: Finding, attach: Finding) -> None:
 
 
 PAIRS = (
-    _corpus("cpu-transform-w0", 230),  # augment_no_workers.py: input.workers
+    # The plain jobs' steps: long enough to outlast the attach window (WATCH_S plus
+    # attach's start) on a fast day of this machine, when 1,800 and 230 steps ended first.
+    _corpus("cpu-transform-w0", 460),  # augment_no_workers.py: input.workers
     Pair("io-slow-reads-w2", "input.io", BY_NAME["io-slow-reads-w2"].command,
          _in_dir(_longer("io-slow-reads-w2", 75), "plain-data")),  # slow_reads.py
     _corpus("sleep-loop", 280),  # sleep_loop.py: host.sleep
     _corpus("contention-compute", 300),  # mlp_preloaded.py beside burners: contention.cpu
-    _corpus("healthy-compute", 1800),  # mlp_preloaded.py: run.healthy
+    _corpus("healthy-compute", 4000),  # mlp_preloaded.py: run.healthy
     Pair("hung-on-a-lock", "failure.hang", _paused("lock", 40), _paused("lock", 40),
          HANG_OPTIONS, paused=True, check=_same_lock_line),
     Pair("hung-in-gloo-under-torchrun", "failure.hang", _paused("gloo", 40),
