@@ -74,3 +74,14 @@ def test_a_spinning_thread_holds_the_interpreter_lock() -> None:
 
 def test_no_frame_describes_nothing() -> None:
     assert describe_frame(None, 6, str) == ((), (), (), "")
+
+
+def test_top_up_samples_only_what_is_missing() -> None:
+    samples = ThreadSamples()
+    samples.sample()
+    samples.top_up(3)
+    assert samples.samples == 3
+    samples.top_up(2)
+    assert samples.take()[0] == 3
+    samples.top_up(0)
+    assert samples.take() == (0, 0)

@@ -430,7 +430,8 @@ def test_a_job_making_progress_wakes_the_probes_thread_once_a_second_and_is_not_
         calls.clear()
         train_step(tracker, float(i))
         # Steps went on since the last pass: one pass a second, and no sample, whose
-        # time.sleep(0) would take the interpreter lock from the training loop.
+        # time.sleep(0) would take the interpreter lock from the training loop (the
+        # heartbeat alone tops its samples up, once a second: the test below).
         assert probe._agent_pass(stopping=False) == STEADY_S
         assert "sample" not in calls and "flush" in calls
     calls.clear()
@@ -443,6 +444,32 @@ def test_a_job_making_progress_wakes_the_probes_thread_once_a_second_and_is_not_
     tracker.loader_exit(9.1, 8, True)
     assert probe._agent_pass(stopping=False) == STEADY_S
     assert "sample" not in calls
+
+
+def test_the_first_heartbeat_of_a_silence_says_whether_python_runs() -> None:
+    """The pass right after the last step saw progress and took no sample; the heartbeat
+    it sends is the first of the silence. With no sample in it, the supervisor could
+    not tell a Python loop at ``x += 1`` from a native op and counted it as work."""
+    from trainmedic.channel.wire import Heartbeat
+    from trainmedic.probe.liveness import HEARTBEAT_MIN_SAMPLES
+
+    probe, tracker, _ = make_probe()
+    probe._flush = lambda: None  # type: ignore[method-assign]
+    probe._agent_pass(stopping=False)  # start-up: a sample and a heartbeat
+    probe.outbox.clear()
+    probe._next_heartbeat = 0.0
+    train_step(tracker, 1.0)
+    assert probe._agent_pass(stopping=False) == STEADY_S
+    beats = [m for m in probe.outbox if isinstance(m, Heartbeat)]
+    assert len(beats) == 1
+    assert beats[0].samples == HEARTBEAT_MIN_SAMPLES >= 3
+    # The next heartbeat counts its own samples, topped up as needed.
+    probe._sample_main()
+    probe._next_heartbeat = 0.0
+    probe.outbox.clear()
+    probe._agent_pass(stopping=False)  # a silent pass: one more sample, then the beat
+    beats = [m for m in probe.outbox if isinstance(m, Heartbeat)]
+    assert [b.samples for b in beats] == [HEARTBEAT_MIN_SAMPLES]
 
 
 def test_a_probe_without_a_step_tracker_keeps_the_quick_cadence() -> None:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from trainmedic.channel.wire import ProbeMessage
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.env import ProbeConfig
+    from trainmedic.probe.liveness import ThreadSamples
     from trainmedic.probe.parts import Parts
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam, HookState
@@ -275,14 +276,18 @@ class ProbeAgent:
         if not self.parts["heartbeat"].on:
             return
         try:
-            samples = self.__dict__.get("_liveness")
-            if samples is None or samples[0] != self.pid:  # new, or inherited by a fork
-                from trainmedic.probe.liveness import ThreadSamples
-
-                samples = self.__dict__["_liveness"] = (self.pid, ThreadSamples())
-            samples[1].sample()
+            self._liveness_samples().sample()
         except Exception as exc:
             self.parts["heartbeat"].fail(exc)
+
+    def _liveness_samples(self) -> ThreadSamples:
+        """The samples counted towards this process's next heartbeat."""
+        samples = self.__dict__.get("_liveness")
+        if samples is None or samples[0] != self.pid:  # new, or inherited by a fork
+            from trainmedic.probe.liveness import ThreadSamples
+
+            samples = self.__dict__["_liveness"] = (self.pid, ThreadSamples())
+        return samples[1]
 
     def _watch_forward(self, now: float) -> None:
         """Ask the forward watch to look for new root modules (it acts at the training
@@ -337,15 +342,20 @@ class ProbeAgent:
             return
         try:
             from trainmedic.channel.wire import Heartbeat
-            from trainmedic.probe.liveness import describe_frame, main_frame
+            from trainmedic.probe.liveness import (
+                HEARTBEAT_MIN_SAMPLES,
+                describe_frame,
+                main_frame,
+            )
 
             part.check()
             ident = self.state.worker_ident if self.role == "worker" else self.state.training_ident
             stack, modules, calls, op = describe_frame(
                 main_frame(ident), HEARTBEAT_FRAMES, _short_name
             )
-            samples = self.__dict__.get("_liveness")
-            counts = samples[1].take() if samples is not None and samples[0] == self.pid else (0, 0)
+            samples = self._liveness_samples()
+            samples.top_up(HEARTBEAT_MIN_SAMPLES)
+            counts = samples.take()
             tracker = self.tracker
             self.outbox.append(
                 Heartbeat(

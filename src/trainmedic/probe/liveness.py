@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType, FrameType
 
+HEARTBEAT_MIN_SAMPLES = 3
+"""Every heartbeat rests on at least this many samples. The probe's thread samples
+only in passes that saw no progress, so the first heartbeat of a silence would
+otherwise carry none, and the supervisor could not tell a Python loop spinning at
+``x += 1`` from a native op (``a @ b``) there: it counted that second as work and
+declared the hang a second or two late. One sample alone misreads a loaded
+machine (the spinning thread off its core at that instant); three rarely all do."""
 GIL_BUSY_S = 0.002
 """Getting the interpreter lock back takes at least this long while another
 thread runs Python code (the switch interval is 5 ms); a free lock takes
@@ -51,6 +58,11 @@ class ThreadSamples:
         self.samples += 1
         if waited >= GIL_BUSY_S:
             self.gil_busy += 1
+
+    def top_up(self, least: int) -> None:
+        """Sample until at least ``least`` samples count towards the next heartbeat."""
+        while self.samples < least:
+            self.sample()
 
     def take(self) -> tuple[int, int]:
         """``(samples, gil_busy)`` since the last call, and start counting anew."""
