@@ -335,12 +335,12 @@ CASES: tuple[Case, ...] = (
     Case("asyncio-store", "handoff", lambda e: _handoff(
         e, "asyncio", "store", "--steps", "20", "--batch-size", "8"),
         "input.network", "network", check=_server_waits),
-    # 1500 steps (about 13 s): the rule needs the helper seen working 20 times, and about
-    # 40 % of the samples of this wait find it already answered (the loop hands each
-    # batch over after under 5 ms of Python), leaving the helpers unlooked at; at 500
-    # steps the count ran from 20 to 56.
+    # 2500 steps (about 19 s): the rule needs the helper seen working 20 times, and
+    # most samples of this wait find it already answered (the loop hands each batch
+    # over after under 5 ms of Python), leaving the helpers unlooked at; at 1500 steps
+    # (11 s) the count ran from 14 to 30, one run in five under 20.
     Case("asyncio-compute", "handoff", lambda e: _handoff(
-        e, "asyncio", "compute", "--steps", "1500", "--batch-size", "8"),
+        e, "asyncio", "compute", "--steps", "2500", "--batch-size", "8"),
         "input.gil", "framework_config", check=_processes_for_python),
     Case("direct-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "20", "--batch-size", "8"),

@@ -9,6 +9,7 @@ import pytest
 
 from trainmedic.probe import detail as detail_mod
 from trainmedic.probe.detail import (
+    GAP_MIN_S,
     GAP_STEPS,
     LONG_STEP_S,
     OVERDUE_S,
@@ -92,31 +93,80 @@ class Job:
         return not any(self.hooked.values())
 
 
-def test_after_the_warm_up_short_steps_get_the_hooks_in_windows() -> None:
-    job = Job()
+def on_off_runs(job: Job, steps: int, host: float) -> list[tuple[bool, int]]:
+    """Runs of steps after the warm-up with the hooks on / off: ``(on, steps)``."""
     pattern: list[bool] = []
-    for _ in range(WARMUP_STEPS + 3 * GAP_STEPS[1] + 3 * WINDOW_STEPS):
+    for _ in range(steps):
         pattern.append(job.all_on())
         assert job.all_on() or job.all_off()  # never half way at a step's start
-        job.step()
+        job.step(host=host)
     assert all(pattern[:WARMUP_STEPS])
     assert not pattern[WARMUP_STEPS]
-    # Runs of steps with the hooks: windows of WINDOW_STEPS; gaps within GAP_STEPS.
     runs: list[tuple[bool, int]] = []
     for on in pattern[WARMUP_STEPS:]:
         if runs and runs[-1][0] == on:
             runs[-1] = (on, runs[-1][1] + 1)
         else:
             runs.append((on, 1))
+    return runs
+
+
+def test_after_the_warm_up_short_steps_get_the_hooks_in_windows() -> None:
+    # 5 ms steps: long enough that the gaps are not stretched (GAP_MIN_S).
+    job = Job()
+    steps = WARMUP_STEPS + 3 * GAP_STEPS[1] + 3 * WINDOW_STEPS
+    runs = on_off_runs(job, steps, host=0.0043)
     windows = [n for on, n in runs[:-1] if on]
     gaps = [n for on, n in runs[:-1] if not on]
     assert len(windows) >= 2 and set(windows) == {WINDOW_STEPS}
     assert gaps and all(GAP_STEPS[0] <= n <= GAP_STEPS[1] for n in gaps)
     assert job.switch.windows == len(windows) + (1 if runs[-1][0] else 0)
     # Hooks on a small share of the steps, whatever the model's depth.
-    share = sum(pattern[WARMUP_STEPS:]) / len(pattern[WARMUP_STEPS:])
+    share = sum(n for on, n in runs if on) / (steps - WARMUP_STEPS)
     expected = WINDOW_STEPS / (WINDOW_STEPS + sum(GAP_STEPS) / 2)  # 3 %
     assert 0.5 * expected < share < 2 * expected
+
+
+@pytest.mark.parametrize("step_s", [0.0008, 0.0002])
+def test_on_sub_millisecond_steps_the_windows_come_every_half_second(step_s: float) -> None:
+    """The gaps stretch to a mean of GAP_MIN_S, keeping their spread: a window every
+    0.1 s of 1 ms steps told nothing more and cost most of what the probe adds."""
+    job = Job()
+    fixed = 0.0002 + 0.0002 + 0.0002 + 0.0001  # fetch, forward, backward, optimizer
+    host = step_s - fixed if step_s > fixed + 0.0001 else 0.0001
+    step_s = fixed + host
+    mean = sum(GAP_STEPS) / 2
+    stretch = GAP_MIN_S / (step_s * mean)
+    assert stretch > 2
+    runs = on_off_runs(job, WARMUP_STEPS + int(4.2 * GAP_MIN_S / step_s), host=host)
+    windows = [n for on, n in runs[:-1] if on]
+    gaps = [n for on, n in runs[:-1] if not on]
+    # The first gap follows the warm-up (no window timed yet): drawn as usual.
+    assert GAP_STEPS[0] <= gaps[0] <= GAP_STEPS[1]
+    stretched = gaps[1:]
+    assert len(stretched) >= 2 and set(windows) == {WINDOW_STEPS}
+    # The windows' own steps are a little longer (hooks on), so the stretch is at most this.
+    assert all(0.8 * stretch * GAP_STEPS[0] <= n <= stretch * GAP_STEPS[1] + 1 for n in stretched)
+    seconds = [n * step_s for n in stretched]
+    assert all(
+        0.8 * GAP_STEPS[0] / mean * GAP_MIN_S <= s <= GAP_STEPS[1] / mean * GAP_MIN_S * 1.01
+        for s in seconds
+    ), seconds
+
+
+def test_a_window_begun_between_two_step_ends_is_followed_by_a_plain_gap() -> None:
+    job = Job()
+    for _ in range(WARMUP_STEPS + GAP_STEPS[1] + 2):
+        job.step(host=0.0001)
+    assert job.all_off()
+    job.switch.fetch_overflow()  # mid-step: no step end to measure the window from
+    runs = [job.all_on()]
+    for _ in range(WINDOW_STEPS + 3):
+        job.step(host=0.0001)
+        runs.append(job.all_on())
+    assert runs[:WINDOW_STEPS] == [True] * WINDOW_STEPS
+    off = job.switch._countdown + sum(1 for on in runs if not on)
+    assert GAP_STEPS[0] <= off <= GAP_STEPS[1] + 1
 
 
 def test_steps_without_the_hooks_keep_their_data_wait_and_lose_only_compute() -> None:

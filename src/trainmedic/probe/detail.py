@@ -12,7 +12,9 @@ step under 0.1 %.
 So on steps shorter than :data:`LONG_STEP_S` that fetch from a DataLoader,
 the compute hooks run in *windows*: :data:`WINDOW_STEPS` steps in a row with
 them, then :data:`GAP_STEPS` (a random number in that range, so that a
-periodic pattern in the job cannot line up with the windows) without. Steps
+periodic pattern in the job cannot line up with the windows) without, stretched
+on steps under about 4 ms so that windows come at most every
+:data:`GAP_MIN_S` on average. Steps
 without them are *partial*: their length and data wait are measured as
 always, their compute time is unknown (``None``), and shares of compute come
 from the windows' steps (:func:`trainmedic.record.stats.summarize` counts only
@@ -71,8 +73,16 @@ Wide because switching costs: changing a class's ``__call__`` discards what
 the interpreter had specialised for that class. With (40, 88) the windows
 and their switches were a fifth of the probe's machine instructions on a
 0.7 ms step (``probe_instructions.py --valgrind``, docs/performance.md)."""
+GAP_MIN_S = 0.5
+"""Mean seconds between two windows, at least: on steps shorter than
+``GAP_MIN_S / mean(GAP_STEPS)`` (about 4 ms) the gap in steps is stretched by
+the factor that brings its mean to this, its spread kept. The windows' steps
+and their switches are most of what the probe adds to a sub-millisecond step
+beyond the two hooks every step needs; a window every 0.13 s (128 steps of
+1 ms) told the shares of compute no better than one every 0.5 s does."""
 LONG_STEP_S = 0.02
 """Steps at least this long (seconds) keep the hooks: they cost them < 0.1 %."""
+_MEAN_GAP_STEPS = sum(GAP_STEPS) / 2
 EXTRA_FETCHES = 1
 """Batches fetched beyond the count of the last step with the hooks, after which they come on."""
 OVERDUE_S = 0.2
@@ -136,6 +146,9 @@ class DetailSwitch:
         """Some hooks were put back by another thread; the rest follow at the next step's end."""
         self._countdown = WARMUP_STEPS
         self._last_end = float("-inf")
+        self._on_since: float | None = None
+        """The end of the step after which the hooks came on at a step's end (``None``:
+        at the start, or between two step ends)."""
         self.fetch_limit = NO_FETCH_LIMIT
         """The loader hook turns the hooks on when a step fetches more batches than this
         while they are off (:attr:`StepTracker.fetch_limit` holds it then)."""
@@ -178,6 +191,7 @@ class DetailSwitch:
                 self._countdown = max(self._countdown - 1, WINDOW_STEPS)
             else:
                 self._countdown = WINDOW_STEPS
+                self._on_since = end
                 self._switch(True)
             return
         self._countdown -= 1
@@ -189,12 +203,25 @@ class DetailSwitch:
                 self._switch(True)
             return
         if self.on:
-            self._countdown = self.rng.randint(*GAP_STEPS)
+            self._countdown = self._gap(end)
             self.fetch_limit = seg.fetches + EXTRA_FETCHES
             self._switch(False)
         else:
             self._countdown = WINDOW_STEPS
+            self._on_since = end
             self._switch(True)
+
+    def _gap(self, end: float) -> int:
+        """Steps until the next window: drawn from :data:`GAP_STEPS`, stretched on
+        short steps to a mean of :data:`GAP_MIN_S` (the window just ended, from
+        ``_on_since`` to ``end``, gives the step's length)."""
+        gap = self.rng.randint(*GAP_STEPS)
+        since, self._on_since = self._on_since, None
+        if since is None or end <= since:
+            return gap  # the warm-up, or a window begun between two step ends
+        step_s = (end - since) / WINDOW_STEPS
+        stretch = GAP_MIN_S / (step_s * _MEAN_GAP_STEPS)
+        return max(gap, int(gap * stretch))
 
     def restore(self) -> None:
         """Every hook back on (the switch is being given up)."""
@@ -204,6 +231,7 @@ class DetailSwitch:
         """The step fetches more batches than usual while the hooks are off (loader hook,
         training thread): put them on for the rest of the step and a window after it."""
         self._countdown = WINDOW_STEPS
+        self._on_since = None
         self._switch(True, boundary=False)
 
     def _switch(self, on: bool, boundary: bool = True) -> None:
@@ -235,6 +263,7 @@ class DetailSwitch:
             self.partly_on = True
             self.windows += 1
             self._countdown = WINDOW_STEPS
+            self._on_since = None
             self.tracker.set_detail(True, False)
 
     def overdue(self, now: float) -> bool:
