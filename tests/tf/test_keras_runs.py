@@ -116,7 +116,11 @@ def test_a_custom_loop_whose_step_is_a_tf_function(tmp_path: Path, mode: str) ->
     # function-iter takes its batch inside the compiled step (next(iterator) traced into
     # it); function-step iterates eagerly and calls the step on each batch, and after
     # each epoch calls a tf.function that only predicts: no training step.
-    r = _run(tmp_path, mode, "--steps", "60", "--epochs", "2")
+    # The eager loop's serial map does twice the usual work per sample: with 60 matrix
+    # products its wait was 0.146-0.25 of the step from run to run, around the input
+    # rule's 20 % warning (one CI run got no input finding at all).
+    rounds = "120" if mode == "function-step" else "60"
+    r = _run(tmp_path, mode, "--steps", "60", "--epochs", "2", "--map-rounds", rounds)
     assert r["rc"] == 0 and "done" in r["output"]
     train = [s for s in r["steps"] if s.get("ph", "train") == "train"]
     assert len(train) == 120, len(train)
@@ -124,9 +128,8 @@ def test_a_custom_loop_whose_step_is_a_tf_function(tmp_path: Path, mode: str) ->
     wait = sum(s.get("w", 0.0) for s in steady) / sum(s["d"] for s in steady)
     compute = sum(s.get("c", 0.0) for s in steady) / sum(s["d"] for s in steady)
     # The serial map's wait is measured (in the graph for function-iter), and the call's
-    # compute is the rest of the step. The share moves with the machine's day: an eager
-    # step loop read 0.146-0.25 on one morning here.
-    assert wait > 0.1 and compute > 0.05, (wait, compute)
+    # compute is the rest of the step.
+    assert wait > 0.2 and compute > 0.05, (wait, compute)
     (f,) = _input(r["findings"])
     assert f["id"] == "input.workers" and "num_parallel_calls" in f["fix"], f
 

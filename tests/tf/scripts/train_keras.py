@@ -63,10 +63,19 @@ def model():
     return m
 
 
+MAP_ROUNDS = 60
+"""Matrix products per sample in :func:`heavy` (``--map-rounds``)."""
+
+
+def set_map_rounds(rounds):
+    global MAP_ROUNDS
+    MAP_ROUNDS = rounds
+
+
 def heavy(x, y):
     # Per-sample CPU work in TensorFlow ops: a few hundred small matrix products.
     m = tf.reshape(tf.tile(x, [8]), [16, 16])
-    for _ in range(60):
+    for _ in range(MAP_ROUNDS):
         m = tf.tanh(tf.matmul(m, m) * 0.05)
     return x + tf.reduce_mean(m) * 1e-3, y
 
@@ -102,7 +111,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--map-rounds", type=int, default=MAP_ROUNDS)
     args = parser.parse_args()
+    set_map_rounds(args.map_rounds)
     tf.random.set_seed(0)
     n = args.steps * args.batch
     x, y = arrays(n)
