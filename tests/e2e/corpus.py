@@ -335,12 +335,13 @@ CASES: tuple[Case, ...] = (
     Case("asyncio-store", "handoff", lambda e: _handoff(
         e, "asyncio", "store", "--steps", "20", "--batch-size", "8"),
         "input.network", "network", check=_server_waits),
-    # 2500 steps (about 19 s): the rule needs the helper seen working 20 times, and
+    # 5000 steps (about 37 s): the rule needs the helper seen working 20 times, and
     # most samples of this wait find it already answered (the loop hands each batch
     # over after under 5 ms of Python), leaving the helpers unlooked at; at 1500 steps
-    # (11 s) the count ran from 14 to 30, one run in five under 20.
+    # (11 s) the count ran from 14 to 30, one run in five under 20, and 2500 still fell
+    # short once on CI.
     Case("asyncio-compute", "handoff", lambda e: _handoff(
-        e, "asyncio", "compute", "--steps", "2500", "--batch-size", "8"),
+        e, "asyncio", "compute", "--steps", "5000", "--batch-size", "8"),
         "input.gil", "framework_config", check=_processes_for_python),
     Case("direct-store", "handoff", lambda e: _handoff(
         e, "direct", "store", "--steps", "20", "--batch-size", "8"),
@@ -529,6 +530,16 @@ def judge(case: Case, findings: Sequence[Finding]) -> Outcome:
         and others >= OTHERS_MIN_CORES
     ):
         # The spare core the case's cause needs is the one others took.
+        return Outcome(case, "busy", first, list(findings))
+    if (
+        first is not None
+        and first["id"] == "cpu.oversubscribed"
+        and case.category == "framework_config"
+        and any(f["id"] == case.expected for f in counted)
+    ):
+        # The case's fix is more parallel workers on a spare core; the job itself (its
+        # helpers, the test's own data server beside it) already kept every core of this
+        # machine busy, so the run shows that, not the case.
         return Outcome(case, "busy", first, list(findings))
     if case.expected == "run.healthy":
         problems = [f for f in counted if f["severity"] != "info"]

@@ -42,3 +42,21 @@ def test_a_contention_error_without_others_load_is_not_excused() -> None:
 def test_the_machines_error_without_the_cases_finding_is_busy() -> None:
     got = judge(BY_NAME["processes-compute"], [_contention_error(0.345)])
     assert got.result == "busy"
+
+
+def _oversubscribed() -> dict[str, Any]:
+    return {
+        "id": "cpu.oversubscribed", "category": "cpu", "severity": "error", "impact": 0.256,
+        "evidence": {"train_cpu_wait_share": 0.256, "others_cpu_cores": 0.2},
+    }  # fmt: skip
+
+
+def test_a_job_that_filled_every_core_cannot_show_a_case_whose_fix_needs_a_spare_one() -> None:
+    got = judge(BY_NAME["processes-compute"], [_oversubscribed(), _more_producers()])
+    assert got.result == "busy"
+    assert got.first is not None and got.first["id"] == "cpu.oversubscribed"
+
+
+def test_oversubscription_without_the_cases_finding_is_a_mismatch() -> None:
+    got = judge(BY_NAME["processes-compute"], [_oversubscribed()])
+    assert got.result == "mismatch"
