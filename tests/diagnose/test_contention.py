@@ -178,9 +178,18 @@ def test_a_small_wait_with_no_one_to_blame_names_no_other_processes() -> None:
     # A job of two busy threads on 2 cores, others at 0.02 cores: a 2.5 % wait is the
     # machine's ordinary scheduling, not "other processes" (seen on a healthy run).
     assert cpu_contention(RunView.of(measured(0.025, others=2.0)), TH) == []
-    # A wait that costs is still reported, though no one can be named.
-    (f,) = cpu_contention(RunView.of(measured(0.08, others=2.0)), TH)
-    assert f.id == "contention.cpu" and f.severity is Severity.WARNING
+    # Nor is a 5-6 % wait, which others' 0.02 cores cannot account for: a healthy job of
+    # torch's two threads on 2 cores waited that long (called "other processes" in CI).
+    assert cpu_contention(RunView.of(measured(0.06, others=2.0)), TH) == []
+    assert cpu_contention(RunView.of(measured(0.095, others=2.0)), TH) == []
+    # A wait that costs more is still reported, and by elimination it is the job's own.
+    (f,) = cpu_contention(RunView.of(measured(0.12, others=2.0)), TH)
+    assert f.id == "cpu.oversubscribed" and f.severity is Severity.WARNING
+    assert "in bursts" in f.title and "others 0.02" in f.title, f.title
+    assert "Other processes" not in f.title and "torch.set_num_threads(1)" in f.fix
+    # Others whose CPU covers the wait are still named, however little they use.
+    (g,) = cpu_contention(RunView.of(measured(0.06, others=10.0)), TH)
+    assert g.id == "contention.cpu" and "Other processes take CPU time" in g.title
 
 
 def test_a_wait_behind_the_jobs_own_threads_filling_the_cores_is_not_others() -> None:
@@ -193,10 +202,10 @@ def test_a_wait_behind_the_jobs_own_threads_filling_the_cores_is_not_others() ->
     assert f.severity is Severity.WARNING and f.impact == pytest.approx(0.08)
     assert "keep its 2 cores full (1.9 busy" in f.title
     assert "torch.set_num_threads(1)" in f.fix and "Other processes" not in f.title
-    # Below the job's full share (1.6 of 2), nobody can be named but others.
-    (g,) = cpu_contention(RunView.of(measured(0.08, others=1.0, job_cpu_pct=150.0,
-                                             job_wait_cores=0.1)), TH)  # fmt: skip
-    assert g.id == "contention.cpu"
+    # Below the job's full share (1.6 of 2), others at 0.01 cores cannot account for an
+    # 8 % wait: the ordinary scheduling of a nearly full machine, not a finding.
+    assert cpu_contention(RunView.of(measured(0.08, others=1.0, job_cpu_pct=150.0,
+                                              job_wait_cores=0.1)), TH) == []  # fmt: skip
 
 
 def test_others_present_but_costing_nothing_is_quiet() -> None:

@@ -12,7 +12,6 @@ from trainmedic.probe.sampling import (
     FIRST_S,
     FIRST_SAMPLES,
     FIRST_SHORT_S,
-    JITTER,
     KNOWN_SAMPLES,
     KNOWN_SAMPLES_PER_S,
     SLOW_S,
@@ -24,7 +23,6 @@ from trainmedic.probe.sampling import (
     StackSampler,
     StepStats,
     WorkerPolicy,
-    _uniform_jitter,
     wilson_half_width,
 )
 
@@ -251,53 +249,3 @@ def test_steps_shorter_than_the_first_period_are_sampled_faster_at_first() -> No
     for _ in range(FIRST_SAMPLES):
         policy.period("python")
     assert policy.period("python") == FAST_S
-
-
-class RecordingStop:
-    """A stop event that records each wait's timeout and stops after ``n`` of them."""
-
-    def __init__(self, n: int) -> None:
-        self.timeouts: list[float] = []
-        self.n = n
-
-    def wait(self, timeout: float) -> bool:
-        self.timeouts.append(timeout)
-        return len(self.timeouts) >= self.n
-
-    def set(self) -> None:
-        self.n = 0
-
-
-def test_each_wait_is_the_policys_period_times_the_drawn_factor() -> None:
-    factors = iter([0.5, 1.5, 1.2])
-    sampler = StackSampler(
-        lambda: [], lambda record: None, pytest.fail, pid=1,
-        period=lambda last: 0.02, jitter=lambda: next(factors),
-    )  # fmt: skip
-    stop = RecordingStop(3)
-    sampler._stop = stop  # type: ignore[assignment]
-    sampler._run()
-    assert stop.timeouts == pytest.approx([0.01, 0.03, 0.024])
-
-
-def test_drawn_waits_spread_the_wake_ups_over_a_step_as_long_as_the_period() -> None:
-    # A 5.0 ms step sampled every 5 ms: fixed waits see one point of its cycle; drawn
-    # ones see every fifth of it about as often, and keep the mean rate.
-    step = period = 0.005
-    draw = _uniform_jitter()
-    factors = [draw() for _ in range(4000)]
-    assert min(factors) >= 1 - JITTER and max(factors) <= 1 + JITTER
-    assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.02)
-
-    def fifths(waits: list[float]) -> list[int]:
-        counts = [0] * 5
-        t = 0.5 * step  # the first wake-up: mid-cycle, mid-fifth
-        for w in waits:
-            t += w
-            counts[min(4, int((t % step) / step * 5))] += 1
-        return counts
-
-    fixed = fifths([period] * 4000)
-    assert max(fixed) == 4000  # one fifth of the cycle only
-    drawn = fifths([period * f for f in factors])
-    assert all(600 <= c <= 1000 for c in drawn), drawn

@@ -30,7 +30,6 @@ and instruction), a new one about 25 µs (20 frames read and classified).
 from __future__ import annotations
 
 import math
-import random
 import sys
 import threading
 import time
@@ -111,17 +110,6 @@ RECENT_S = 5.0
 """Time constant of the recent step averages, seconds."""
 WORKER_RECENT_S = 2.0
 """Time constant of a worker's recent busy share, seconds."""
-
-JITTER = 0.5
-"""Each wait between two wake-ups is the policy's period times a factor drawn
-uniformly from ``1 - JITTER`` to ``1 + JITTER`` (mean unchanged). A fixed period
-locks onto a loop whose step lasts a multiple of it: a 5.0 ms step sampled every
-5 ms is seen at one point of its cycle only, and the interpreter lock holds that
-point in place - the sampler takes the lock where the training thread lets go of
-it, and waits one period from there. On such a loop (a producer process, a
-5.0 ms step) 38 of 70 samples of the time between steps landed on a 30 µs loss
-call, and the wait it was really spent in drew 28. Drawn wait lengths spread the
-wake-ups over the whole cycle whatever the step's length."""
 
 Targets = Callable[[], Sequence[tuple[int, str]]]
 """Returns the (thread id, role) pairs to sample now; empty when nothing is wanted."""
@@ -265,7 +253,6 @@ class StackSampler:
         on_error: called with the exception when sampling fails; the thread stops.
         period: seconds until the next wake-up, given the state of the last
             stack sampled (``None`` when none was); a constant ``period_s`` without it.
-        jitter: the factor each period is multiplied by (:data:`JITTER`; mean 1).
         wall: Unix clock for the records' ``t``.
     """
 
@@ -281,14 +268,12 @@ class StackSampler:
         monotonic: Callable[[], float] = time.monotonic,
         check: Callable[[], None] | None = None,
         period: Callable[[str | None], float] | None = None,
-        jitter: Callable[[], float] | None = None,
     ) -> None:
         self._targets = targets
         self._emit = emit
         self._on_error = on_error
         self.pid = pid
         self._period = period if period is not None else (lambda _state: period_s)
-        self._jitter = jitter if jitter is not None else _uniform_jitter()
         self._flush_s = flush_s
         self._wall = wall
         self._monotonic = monotonic
@@ -389,7 +374,7 @@ class StackSampler:
     def _run(self) -> None:
         next_flush = self._monotonic() + self._flush_s
         try:
-            while not self._stop.wait(self._period(self.last_state) * self._jitter()):
+            while not self._stop.wait(self._period(self.last_state)):
                 self.wakeups += 1
                 self.sample_once()
                 now = self._monotonic()
@@ -398,11 +383,3 @@ class StackSampler:
                     self.flush()
         except Exception as exc:
             self._on_error(exc)
-
-
-def _uniform_jitter() -> Callable[[], float]:
-    """Factors from ``1 - JITTER`` to ``1 + JITTER``, from a generator of the sampler's
-    own (the job's ``random`` state is the job's: seeding it must stay reproducible)."""
-    draw = random.Random().random
-    low, width = 1.0 - JITTER, 2.0 * JITTER
-    return lambda: low + width * draw()
