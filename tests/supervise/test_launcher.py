@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,3 +213,29 @@ def test_signals_reach_the_whole_process_group() -> None:
         job.signal_group(signal.SIGKILL)
         for fd in fds:
             os.close(fd)
+
+
+def _voluntary_switches() -> int:
+    """This thread's voluntary context switches so far (Linux)."""
+    status = Path(f"/proc/self/task/{threading.get_native_id()}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("voluntary_ctxt_switches")))  # fmt: skip
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd on this system")
+def test_waiting_on_a_running_job_sleeps_until_it_exits(tmp_path: Path) -> None:
+    # The attempt loop waits 0.25 s at a time for the whole run; Popen.wait would wake
+    # 11 times in each, on a core the job shares. The wait sleeps on the job's exit.
+    done = tmp_path / "done"
+    code = f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.01)\n"
+    job = Job.start([sys.executable, "-c", code], dict(os.environ))
+    try:
+        before = _voluntary_switches()
+        assert job.wait(0.3) is None
+        assert job.wait(0.3) is None
+        assert _voluntary_switches() - before <= 4  # Popen.wait: about 24
+    finally:
+        done.touch()  # the job exits
+    started = time.monotonic()
+    assert job.wait(30) == 0
+    assert time.monotonic() - started < 10
