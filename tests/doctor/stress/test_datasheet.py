@@ -210,3 +210,12 @@ def test_pcie_link_bandwidth_per_direction(
     gen: int | None, lanes: int | None, gb_per_s: float | None
 ) -> None:
     assert pcie_gb_per_s(gen, lanes) == gb_per_s
+
+
+def test_the_json_entry_carries_how_its_figures_were_read() -> None:
+    # A figure derived rather than printed says so wherever the entry is written.
+    pro = lookup("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert pro is not None and pro.note
+    assert pro.to_dict()["note"] == pro.note
+    plain = next(d for d in DATASHEETS if not d.note)
+    assert "note" not in plain.to_dict()

@@ -74,6 +74,8 @@ class Datasheet:
             "power_w": self.power_w,
             "nvlink_gb_per_s": self.nvlink_gb_per_s,
             "source": self.source,
+            # How a figure was read or derived: a reader judging a figure needs it.
+            **({"note": self.note} if self.note else {}),
         }
 
 
