@@ -185,6 +185,29 @@ def test_work_restarts_the_bound_and_a_hang_follows_the_last_work() -> None:
     assert v.silent_s == pytest.approx(tl.hangs[0] - last_step)
 
 
+def test_work_seen_by_a_heartbeat_counts_from_when_it_was_sent() -> None:
+    # A loop entered 0.2 s into the silence, shown by a heartbeat read 1 s later and
+    # by the windows of the second after: the hang counts from 0.2 s, not from 2 s.
+    tl = Timeline(floor_s=5.0)
+    tl.steps(100, 0.05)
+    seen = tl.t + 0.2
+    for after in (1.2, 1.45, 1.7, 1.95, 2.2):
+        tl.timeout.observe_evidence(tl.t + after, Silence.WORK, work_at=seen)
+    tl.timeout.observe_evidence(tl.t + 2.45, Silence.SPINNING)
+    assert tl.timeout.verdict(seen + 5.0 - 0.01).hung is False
+    v = tl.timeout.verdict(seen + 5.0)
+    assert v.hung and v.quiet_s == pytest.approx(5.0)
+    # An older sighting read after a newer one does not move the anchor back.
+    tl.timeout.observe_evidence(tl.t + 2.7, Silence.WORK, work_at=seen + 1.0)
+    tl.timeout.observe_evidence(tl.t + 2.9, Silence.WORK, work_at=seen + 0.5)
+    assert tl.timeout.verdict(seen + 5.9).hung is False
+    # A sighting dated after the window that read it counts at the window.
+    tl.timeout.observe_evidence(tl.t + 3.0, Silence.WORK, work_at=tl.t + 9.0)
+    tl.timeout.observe_evidence(tl.t + 3.25, Silence.SPINNING)
+    assert tl.timeout.verdict(tl.t + 3.0 + 4.99).hung is False
+    assert tl.timeout.verdict(tl.t + 3.0 + 5.0).hung
+
+
 def test_unclear_evidence_keeps_the_conservative_bound_and_resets_the_clear_one() -> None:
     tl = Timeline(floor_s=5.0)
     tl.steps(100, 0.05)

@@ -56,6 +56,22 @@ def test_faulthandler_text_is_parsed_per_process_and_thread() -> None:
     assert parsed[42][0] == "worker"
 
 
+def test_a_dump_of_the_signalled_thread_alone_is_the_main_thread() -> None:
+    # What the probe writes: only the thread the signal interrupted, with no id,
+    # which is the main thread even when it runs inside a thread-started frame.
+    text = """
+=== trainmedic: stacks of pid 43 (process) ===
+Stack (most recent call first):
+  File "/home/me/train.py", line 50 in spin
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+"""
+    role, threads = parse_faulthandler_text(text + TEXT)[43]
+    assert role == "process" and len(threads) == 1
+    (thread,) = threads
+    assert thread.main and thread.ident == 0
+    assert thread.frames[0] == StackFrame("/home/me/train.py", 50, "spin")
+
+
 def test_a_hang_in_a_library_names_the_call_and_the_users_line() -> None:
     _, threads = parse_faulthandler_text(TEXT)[41]
     lead = ProcessStacks(41, "process", "faulthandler", threads)

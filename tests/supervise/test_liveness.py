@@ -193,3 +193,54 @@ def test_real_processes_blocked_spinning_and_unclear() -> None:
         assert observe([pid], states) is Silence.SPINNING
         # Without a probe the same process cannot be told from one that computes.
         assert observe([pid], {}) is Silence.UNCLEAR
+
+
+def test_work_is_dated_by_the_heartbeat_that_showed_it() -> None:
+    # The thread slept at the end of its last step when the silence's first
+    # heartbeat was sent, then went into a loop; the heartbeat that shows the loop
+    # was sent 0.2 s after the silence began but read 0.9 s later. The work is
+    # that heartbeat's: dating it by the windows that read it pushed a hang's
+    # verdict two seconds late.
+    with child(READY + "import time; time.sleep(60)") as sleeper:
+        pid = sleeper.pid
+        since = 1000.0
+        clock = {"now": 50.0, "wall": since}
+
+        def at(wall: float, stack: str, work: int = 40) -> ProcessState:
+            sleeping = stack.endswith("step")
+            beat = Heartbeat(
+                pid, wall, 40, "train", "other", (stack, "train.py:9 main"), 0.0, work,
+                ("__main__", "__main__"), ("time", "sleep") if sleeping else (),
+                "CALL" if sleeping else "JUMP_BACKWARD", 4, 0, None,
+            )  # fmt: skip
+            return ProcessState(hello(pid), None, beat)
+
+        states = {pid: at(since + 0.05, "train.py:20 step")}
+        observer = SilenceObserver(
+            lambda: [psutil.Process(pid)],
+            lambda: states,
+            lambda: {},
+            wall=lambda: clock["wall"],
+        )
+
+        def observe_at(offset: float):  # type: ignore[no-untyped-def]
+            clock["wall"] = since + offset
+            return observer.observe(50.0 + offset, since)
+
+        assert observe_at(0.5) is None  # the window is too short yet
+        first = observe_at(1.0)
+        assert first is not None and first.silence is not Silence.WORK
+        states[pid] = at(since + 0.2, "train.py:31 spin")
+        evidence = observe_at(1.1)
+        assert evidence is not None and evidence.silence is Silence.WORK
+        assert "new code" in evidence.why
+        assert evidence.at == pytest.approx(50.2)
+        # Windows read later still count it, at the same moment.
+        again = observe_at(1.9)
+        assert again is not None and again.silence is Silence.WORK
+        assert again.at == pytest.approx(50.2)
+        # Forward/backward calls counted by a later heartbeat date from it.
+        states[pid] = at(since + 1.2, "train.py:31 spin", work=43)
+        counted = observe_at(2.3)
+        assert counted is not None and "3 forward" in counted.why
+        assert counted.at == pytest.approx(51.2)

@@ -4,13 +4,17 @@ Before it stops a hung job, the supervisor sends :data:`STACK_SIGNAL` to each
 of the job's Python processes. The probe installs two handlers for it at
 start-up, each covering cases the other cannot:
 
-1. **faulthandler** (C level, ``chain=True``): writes every thread's Python
-   stack as text to the attempt's stacks file from inside the signal handler
-   itself. It needs neither the GIL nor the interpreter's attention, so it
-   works when the main thread is stuck in C code that holds the GIL (a
-   blocking call made through ``ctypes.PyDLL``, a C extension that never
-   releases it) as well as in a busy Python loop, ``time.sleep``, a lock or a
-   socket.
+1. **faulthandler** (C level, ``chain=True``): writes the Python stack of the
+   thread the signal interrupts as text to the attempt's stacks file from
+   inside the signal handler itself. It needs neither the GIL nor the
+   interpreter's attention, so it works when the main thread is stuck in C
+   code that holds the GIL (a blocking call made through ``ctypes.PyDLL``, a C
+   extension that never releases it) as well as in a busy Python loop,
+   ``time.sleep``, a lock or a socket. The supervisor sends the signal to the
+   main thread (``tgkill``). Only that thread is written: faulthandler reads
+   other threads' frames without the GIL while those threads run on, and a
+   frame being made or freed there (the stack sampler's work) crashed the
+   job with a segmentation fault. The other threads are in the JSON dump.
 2. **a Python-level handler**, called after faulthandler by the chain: it only
    sets a flag; the probe's own thread sees it within a quarter of a second
    and writes a structured JSON dump (thread names, every frame, what the
@@ -88,7 +92,7 @@ class StackDumps:
         signal.signal(STACK_SIGNAL, self._handler)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         self._fd = os.open(self.stacks_file, flags, 0o600)
-        faulthandler.register(STACK_SIGNAL, file=self._fd, all_threads=True, chain=True)
+        faulthandler.register(STACK_SIGNAL, file=self._fd, all_threads=False, chain=True)
         return True
 
     def _handler(self, _signum: int, _frame: object) -> None:

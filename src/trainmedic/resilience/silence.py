@@ -47,6 +47,7 @@ in :mod:`trainmedic.resilience.timeouts`; the evidence types, in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from trainmedic.resilience.places import Place, PlaceKind, classify_place, native_op
@@ -130,14 +131,16 @@ def classify_process(window: ProcessWindow) -> ProcessEvidence:
         kind = PlaceKind.PYTHON
     place = s.place.describe() if s is not None else None
 
-    def verdict(silence: Silence, why: str, source: str | None = None) -> ProcessEvidence:
+    def verdict(
+        silence: Silence, why: str, source: str | None = None, at: float | None = None
+    ) -> ProcessEvidence:
         return ProcessEvidence(
-            window.pid, window.role, window.rank, silence, why, kind, place, source
+            window.pid, window.role, window.rank, silence, why, kind, place, source, at
         )
 
     work = _work(window, s, k, kind)
     if work is not None:
-        return verdict(Silence.WORK, work)
+        return verdict(Silence.WORK, work[0], at=work[1])
     where = f" in {place}" if place else (f" in `{k.syscall}`" if k and k.syscall else "")
     if kind in (PlaceKind.PEER, PlaceKind.DEVICE):
         what = "a collective" if kind is PlaceKind.PEER else "a device synchronisation"
@@ -222,13 +225,26 @@ def _python_spin(s: StackView) -> bool:
 
 def _work(
     window: ProcessWindow, s: StackView | None, k: KernelView | None, kind: PlaceKind | None
-) -> str | None:
-    """Why the process counts as working, or ``None``."""
+) -> tuple[str, float | None] | None:
+    """Why the process counts as working and when it was last seen to (``None``:
+    the window's end), or ``None``."""
     if s is not None and s.work > 0:
-        return f"{s.work} forward/backward/optimizer call(s) or batch(es)"
+        return f"{s.work} forward/backward/optimizer call(s) or batch(es)", s.work_at
     waiting = kind is not None and kind.waits
     if s is not None and s.novel and not waiting:
-        return f"the training thread reached new code ({s.place.describe()})"
+        return f"the training thread reached new code ({s.place.describe()})", s.novel_at
+    why = _kernel_work(window, s, k, kind, waiting)
+    return None if why is None else (why, None)
+
+
+def _kernel_work(
+    window: ProcessWindow,
+    s: StackView | None,
+    k: KernelView | None,
+    kind: PlaceKind | None,
+    waiting: bool,
+) -> str | None:
+    """Work the kernel (or the GPU) shows over the window, or ``None``."""
     if k is None:
         return None
     if (k.growth_bytes or 0) >= BIG_WRITE_BYTES:
@@ -295,9 +311,12 @@ def classify_job(windows: Sequence[ProcessWindow]) -> JobEvidence:
     if not counted:
         return JobEvidence(Silence.UNCLEAR, "no process of the job could be observed")
     ranked = [e for e in counted if e.rank is not None]
-    for e in counted:
-        if e.silence is Silence.WORK:
-            return JobEvidence(Silence.WORK, _who(e), e, tuple(evidences))
+    working = [e for e in counted if e.silence is Silence.WORK]
+    if working:
+        # The latest work decides: work running to the window's end over work a
+        # heartbeat showed earlier.
+        latest = max(working, key=lambda e: math.inf if e.at is None else e.at)
+        return JobEvidence(Silence.WORK, _who(latest), latest, tuple(evidences))
     for e in counted:
         if e.silence is Silence.UNCLEAR:
             return JobEvidence(Silence.UNCLEAR, _who(e), e, tuple(evidences))

@@ -113,6 +113,8 @@ class StackView:
         lag_s: seconds the latest heartbeat spent between the probe's send and
             the supervisor's receipt (``None``: unknown): a long one means the
             supervisor, not the job, is short of CPU.
+        work_at / novel_at: when the heartbeat that showed the work (or the new
+            code) was sent, on the observer's clock, seconds; ``None``: none showed.
     """
 
     place: Place
@@ -123,6 +125,8 @@ class StackView:
     novel: bool = False
     lag_s: float | None = None
     places: int = 1
+    work_at: float | None = None
+    novel_at: float | None = None
 
     @property
     def python_running(self) -> bool:
@@ -156,6 +160,8 @@ class ProcessEvidence:
         kind: where its training thread was parked, when known.
         source: for ``source_wait``: what it waits on (``network: socket
             127.0.0.1:8080``, ``filesystem: /mnt/data/x``).
+        at: for ``work`` seen by a heartbeat: when that heartbeat was sent (the
+            observer's clock, seconds); ``None``: the work runs to the window's end.
     """
 
     pid: int
@@ -166,6 +172,7 @@ class ProcessEvidence:
     kind: PlaceKind | None = None
     place: str | None = None
     source: str | None = None
+    at: float | None = None
 
     def to_data(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -204,6 +211,12 @@ class JobEvidence:
     @property
     def source(self) -> str | None:
         return self.culprit.source if self.culprit is not None else None
+
+    @property
+    def at(self) -> float | None:
+        """For ``work``: when it was last seen (the observer's clock, seconds);
+        ``None``: at the window's end."""
+        return self.culprit.at if self.culprit is not None else None
 
     def to_data(self) -> dict[str, object]:
         return {

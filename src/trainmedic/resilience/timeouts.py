@@ -228,12 +228,16 @@ class StepTimeout:
             # A step interval that contains a marked phase is not a step's duration.
             self._interval_tainted = True
 
-    def observe_evidence(self, t: float, silence: Silence) -> None:
+    def observe_evidence(self, t: float, silence: Silence, work_at: float | None = None) -> None:
         """The class of the silence over the window ending at ``t``
-        (:func:`~trainmedic.resilience.silence.classify_job`)."""
+        (:func:`~trainmedic.resilience.silence.classify_job`); for ``work``,
+        ``work_at`` is when it was last seen, when earlier than ``t`` (a heartbeat's
+        send time)."""
         self._silence = silence
         if silence is Silence.WORK:
-            self._last_progress_t = t
+            seen = t if work_at is None else min(t, work_at)
+            if self._last_progress_t is None or seen > self._last_progress_t:
+                self._last_progress_t = seen
         elif silence is Silence.UNCLEAR:
             self._last_unclear_t = t
 

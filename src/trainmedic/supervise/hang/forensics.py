@@ -5,9 +5,9 @@
 runs ``py-spy dump --native`` on them when py-spy is installed, and saves
 in the attempt's directory:
 
-* ``stacks.txt`` — every thread of every process, as faulthandler writes it
-  (works even when the main thread is stuck in C code holding the GIL);
-* ``stacks-<pid>.json`` — the same with thread names and what each frame is
+* ``stacks.txt`` — the main thread of every process, as faulthandler writes it
+  (works even when that thread is stuck in C code holding the GIL);
+* ``stacks-<pid>.json`` — every thread, with names and what each frame is
   calling, when the process's interpreter could still run Python code;
 * ``py-spy-<pid>.txt`` — native and Python frames, when py-spy is installed
   and allowed to attach (ptrace);
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmedic.atomicfile import write_atomic
+from trainmedic.host.tgkill import signal_thread
 from trainmedic.optional import install_hint
 from trainmedic.probe.forensics import JSON_PREFIX, STACK_SIGNAL
 from trainmedic.supervise.hang.stack_dumps import (
@@ -162,12 +163,23 @@ def _signal_each(cap: _Capture, processes: Sequence[JobProcess], text_path: Path
             finally:
                 os.close(fd)
         try:
-            os.kill(proc.pid, STACK_SIGNAL)
+            _signal_main_thread(proc.pid)
         except OSError:
             continue
         signalled.add(proc.pid)
         _wait_settled(cap, text_path, before)
     return signalled
+
+
+def _signal_main_thread(pid: int) -> None:
+    """The stack signal to the process's main thread, the one its text dump shows
+    (the probe's handler dumps only the thread it interrupts: a dump of threads that
+    run on meanwhile can read a frame half made and crash the job). A process whose
+    main thread has ended gets it as a process."""
+    try:
+        signal_thread(pid, pid, STACK_SIGNAL)
+    except ProcessLookupError:
+        os.kill(pid, STACK_SIGNAL)
 
 
 def _wait_settled(cap: _Capture, path: Path, before: int) -> None:

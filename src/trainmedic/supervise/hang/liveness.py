@@ -20,7 +20,12 @@ per process over the last second:
 * *work* counts forward/backward/optimizer calls and batches between two
   heartbeats sent during the silence, and *novel* code is a call chain the
   silence had not shown before (the first heartbeat of a silence is its
-  baseline: the hang's own stack is new at that moment by definition).
+  baseline: the hang's own stack is new at that moment by definition). Both
+  are dated by the heartbeat that showed them (its send time, on the
+  observer's clock), not by the window that read it: a heartbeat arrives up to
+  a second after it was sent and counts for a further second of windows, and
+  dating the work by those windows pushed a hang's verdict up to two seconds
+  past the job's last sign of life.
 
 Nothing is read while steps flow: the cost is paid only in silences.
 """
@@ -62,11 +67,14 @@ class _History:
     )
     files: dict[tuple[int, int], int] | None = None
     flushed: tuple[int | None, int] | None = None
-    heartbeats: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=8))
+    heartbeats: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=8))
+    """``(received, sent, work)``: when the observer read it and when the probe sent
+    it (both on the observer's clock), and its work count."""
     last_hb_t: float | None = None
     chains: set[tuple[str, ...]] = field(default_factory=set)
     places: set[tuple[str, ...]] = field(default_factory=set)
     novel_at: float | None = None
+    novel_sent: float | None = None
 
 
 class SilenceObserver:
@@ -245,28 +253,38 @@ class SilenceObserver:
         if hb.t != history.last_hb_t:
             history.last_hb_t = hb.t
             if hb.t > since_wall:
-                history.heartbeats.append((now, hb.work))
+                sent = now - max(0.0, wall - hb.t)
+                history.heartbeats.append((now, sent, hb.work))
                 chain = (_LINE.sub(" ", hb.stack[0]), *hb.stack[1:]) if hb.stack else ()
                 if history.chains and chain not in history.chains:
                     history.novel_at = now
+                    history.novel_sent = sent
                 history.chains.add(chain)
                 if len(history.places) < 64:
                     history.places.add(hb.stack[:3])
+        # Windows are chosen by when a heartbeat was read (a late one still counts
+        # once); the work is dated by when it was sent.
         work = 0
-        recent = [w for t, w in history.heartbeats if t >= now - WINDOW_S]
-        older = [w for t, w in history.heartbeats if t < now - WINDOW_S]
+        work_at = None
+        recent = [(sent, w) for t, sent, w in history.heartbeats if t >= now - WINDOW_S]
+        older = [w for t, _, w in history.heartbeats if t < now - WINDOW_S]
         if recent:
-            start = older[-1] if older else history.heartbeats[0][1]
-            work = max(0, recent[-1] - start)
+            start = older[-1] if older else history.heartbeats[0][2]
+            work = max(0, recent[-1][1] - start)
+            if work:
+                work_at = next(sent for sent, w in recent if w == recent[-1][1])
+        novel = history.novel_at is not None and history.novel_at >= now - WINDOW_S
         return StackView(
             place=Place(hb.stack, hb.modules, hb.calls, hb.op),
             fresh=wall - hb.t <= HEARTBEAT_FRESH_S,
             samples=hb.samples,
             gil_busy=hb.gil_busy,
             work=work,
-            novel=history.novel_at is not None and history.novel_at >= now - WINDOW_S,
+            novel=novel,
             lag_s=None if received is None else received - hb.t,
             places=max(1, len(history.places)),
+            work_at=work_at,
+            novel_at=history.novel_sent if novel else None,
         )
 
     def _gpu_busy(self, pid: int) -> bool | None:

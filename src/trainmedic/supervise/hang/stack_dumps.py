@@ -23,7 +23,9 @@ STACKS_TEXT = "stacks.txt"
 """faulthandler's dumps of every process, each under a :data:`HEADER` line."""
 HEADER = "=== trainmedic: stacks of pid {pid} ({role}) ==="
 _HEADER_RE = re.compile(r"^=== trainmedic: stacks of pid (\d+) \((.*)\) ===$")
-_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
+_THREAD_RE = re.compile(
+    r"^(?:(Current thread|Thread) (0x[0-9a-fA-F]+) |Stack )\(most recent call first\):"
+)
 _FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 
 
@@ -141,8 +143,10 @@ def _from_json(path: Path, proc: JobProcess) -> ProcessStacks | None:
 def parse_faulthandler_text(text: str) -> dict[int, tuple[str, tuple[ThreadStack, ...]]]:
     """Threads per pid from ``stacks.txt`` (faulthandler's format under our headers).
 
-    faulthandler does not name threads; the main thread is the one whose
-    outermost frame is not ``threading.py``'s ``_bootstrap``.
+    The probe writes only the thread the signal interrupted (``Stack (most recent
+    call first):``, no thread id): the main thread, which the supervisor signals.
+    Dumps of every thread (``Thread 0x...``) do not name threads; there the main
+    thread is the one whose outermost frame is not ``threading.py``'s ``_bootstrap``.
     """
     out: dict[int, tuple[str, tuple[ThreadStack, ...]]] = {}
     pid: int | None = None
@@ -155,8 +159,12 @@ def parse_faulthandler_text(text: str) -> dict[int, tuple[str, tuple[ThreadStack
         nonlocal ident, frames
         if ident is not None:
             outer = frames[-1] if frames else None
-            main = outer is not None and not (
-                outer.function.startswith("_bootstrap") and outer.file.endswith("threading.py")
+            # ident 0: the one thread of a ``Stack`` dump, the main thread signalled.
+            main = ident == 0 or (
+                outer is not None
+                and not (
+                    outer.function.startswith("_bootstrap") and outer.file.endswith("threading.py")
+                )
             )
             threads.append(ThreadStack(ident, "?", main, False, tuple(frames)))
         ident, frames = None, []
@@ -177,7 +185,7 @@ def parse_faulthandler_text(text: str) -> dict[int, tuple[str, tuple[ThreadStack
         thread = _THREAD_RE.match(line)
         if thread:
             close_thread()
-            ident = int(thread[2], 16)
+            ident = int(thread[2], 16) if thread[2] else 0
             continue
         frame = _FRAME_RE.match(line)
         if frame and ident is not None:

@@ -264,9 +264,12 @@ class Watchdog(IgnoringSink):
                 evidence = self.observer.observe(now, self._silent_since)
                 if evidence is not None:
                     self.evidence = evidence
-                    self.timeout.observe_evidence(now, evidence.silence)
+                    self.timeout.observe_evidence(now, evidence.silence, evidence.at)
                     if evidence.silence is Silence.WORK:
-                        self._last_progress_wall = wall
+                        at = now if evidence.at is None else min(now, evidence.at)
+                        seen = wall - (now - at)
+                        last = self._last_progress_wall
+                        self._last_progress_wall = seen if last is None else max(last, seen)
             if not self._is_armed():
                 return None
             verdict = self.timeout.verdict(now)
