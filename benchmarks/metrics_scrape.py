@@ -82,9 +82,11 @@ def main() -> None:
     print(f"scrape latency: median {statistics.median(latencies) * 1e3:.2f} ms, "
           f"p99 {latencies[int(0.99 * (len(latencies) - 1))] * 1e3:.2f} ms")
     print(f"process CPU per scrape (server + this client): {statistics.fmean(cpu) * 1e3:.2f} ms")
+    busy_p99 = busy[int(0.99 * (len(busy) - 1))]
+    calm_p99 = calm[int(0.99 * (len(calm) - 1))]
     print(f"add_step while scraped: median {statistics.median(busy) * 1e6:.1f} us, "
-          f"p99 {busy[int(0.99 * (len(busy) - 1))] * 1e6:.1f} us; without scrapes: median "
-          f"{statistics.median(calm) * 1e6:.1f} us, p99 {calm[int(0.99 * (len(calm) - 1))] * 1e6:.1f} us")
+          f"p99 {busy_p99 * 1e6:.1f} us; without scrapes: median "
+          f"{statistics.median(calm) * 1e6:.1f} us, p99 {calm_p99 * 1e6:.1f} us")
 
 
 if __name__ == "__main__":
