@@ -213,3 +213,73 @@ def test_a_steps_line_with_t0_carries_times_in_integer_nanoseconds() -> None:
 def test_malformed_steps_lines_raise(obj: dict[str, object]) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
         decode_line(json.dumps(obj).encode() + b"\n")
+
+
+def _one_by_one(
+    cols: tuple[str, ...], rows: list[list[object]], t0: float | None
+) -> list[StepRecord]:
+    """What the batch's rows say read one step at a time through ``decode_step``."""
+    from trainmedic.channel.wire import STEP_TIME_COLUMNS
+    from trainmedic.record import codec
+
+    steps = []
+    for row in rows:
+        values = list(row)
+        if t0 is not None:
+            for i, c in enumerate(cols):
+                if c in STEP_TIME_COLUMNS and values[i] is not None:
+                    if type(values[i]) is not int:
+                        raise TypeError(values[i])
+                    values[i] = values[i] / 1e9  # type: ignore[operator]
+            values[cols.index("t")] += t0  # type: ignore[operator]
+        named = {codec.STEP_KEYS[c]: v for c, v in zip(cols, values, strict=True) if v is not None}
+        named[codec.STEP_KEYS["pid"]] = 10
+        named[codec.STEP_KEYS["rank"]] = 2
+        steps.append(codec.decode_step(named))
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_batch_reads_as_its_steps_one_by_one(seed: int) -> None:
+    # Rows of good and bad values alike: the column-wise reading of a batch must give
+    # the same steps, or fail where reading them one by one fails.
+    import random
+
+    rng = random.Random(seed)
+    choices: dict[str, list[object]] = {
+        "step": [1, 7, 2**40, None, True, 1.5, "3"],
+        "t": [0, 5, 731_250, 1.25, None, "x"],
+        "duration_s": [0, 731_000, 3, -5, 0.5, None, False],
+        "data_wait_s": [0, 117_000, None, -1, 2.5],
+        "compute_s": [None, 5, 100, -3, "a"],
+        "gpu_time_s": [None, 9],
+        "samples": [None, 64, 0, 2.0, False],
+        "source": [None, "optimizer", "api", 3],
+        "phase": [None, "train", "eval", ["x"]],
+        "alloc_peak_bytes": [None, 1 << 30],
+        "ooms": [None, 0, 2, "1"],
+        "autocast": [None, True, False, 1],
+    }
+    good = {name: [v for v in values if v is None or type(v) in (int, str, bool)][:3]
+            for name, values in choices.items()}  # fmt: skip
+    names = [n for n in choices if n in ("step", "t", "duration_s") or rng.random() < 0.6]
+    rng.shuffle(names)
+    cols = tuple(names)
+    t0 = rng.choice([None, 1_796_113_648.5])
+    bad = rng.random() < 0.5
+    rows = [
+        [rng.choice(choices[c] if bad else good[c]) for c in cols] for _ in range(rng.randint(0, 6))
+    ]
+    line = encode_steps(10, 2, rows, cols, t0=t0)
+    try:
+        expected: list[StepRecord] | None = _one_by_one(cols, rows, t0)
+    except (ValueError, KeyError, TypeError):
+        expected = None
+    if expected is None:
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            decode_line(line)
+    else:
+        batch, _ = decode_line(line)
+        assert isinstance(batch, StepBatch)
+        assert list(batch.steps) == expected
+        assert all(type(s) is StepRecord for s in batch.steps)

@@ -86,3 +86,26 @@ def test_describe_names_the_problem() -> None:
     with pytest.raises(ValueError) as bad_bytes:
         jsonfile.loads(b"\xff")
     assert jsonfile.describe(bad_bytes.value) == "not UTF-8 text (byte 0xff at offset 0)"
+
+
+@pytest.mark.parametrize(
+    ("text", "deep"),
+    [
+        ('{"rows": [' + ",".join(["[1, 2.5, \"train\", null]"] * 500) + "]}", False),
+        ('{"a": "' + "[" * 200 + '", "b": [' + "[1]," * 100 + "[2]]}", False),  # in a string
+        ('{"a": "\\"[[[[", "b": ' + "[" * 63 + "]" * 63 + "}", False),  # escaped quote
+        ('{"a": "\\"[[[[", "b": ' + "[" * 64 + "]" * 64 + "}", True),
+        ("[" * 40 + "{}," * 100 + "{}" + "]" * 40, False),
+        ("[{" * 32 + "}]" * 32, False),  # 64 levels, two kinds
+        ("[{" * 32 + "[]" + "}]" * 32, True),  # 65
+        ('{"x": [' + "[[]]," * 100 + "[" * 63 + "]" * 63 + "]}", True),
+        ("[" * 70 + "1" + "]" * 60, True),  # unbalanced and too deep: the exact scan says so
+        ("[" * 50 + "1" + "]" * 20 + ",[]" * 80, False),  # unbalanced, not too deep
+    ],
+)
+def test_the_depth_check_counts_brackets_outside_strings_only(text: str, deep: bool) -> None:
+    if deep:
+        with pytest.raises(JsonLimitError, match="nested deeper than 64"):
+            jsonfile.check_depth(text.encode())
+    else:
+        jsonfile.check_depth(text.encode())

@@ -212,26 +212,9 @@ def _steps(obj: Mapping[str, Any]) -> StepBatch:
     if unknown or len(set(cols)) != len(cols) or not {"step", "t", "duration_s"} <= set(cols):
         raise ValueError(f"bad step columns {cols!r}")
     t0 = _opt_float(obj.get("t0"))
-    in_ns = () if t0 is None else tuple(i for i, c in enumerate(cols) if c in STEP_TIME_COLUMNS)
-    t_index = cols.index("t")
-    steps = []
-    for row in _list(obj["rows"]):
-        values = _list(row)
-        if len(values) != len(cols):
-            raise ValueError(f"a step row has {len(values)} values for {len(cols)} columns")
-        if in_ns:
-            values = list(values)
-            for i in in_ns:
-                ns = values[i]
-                if ns is not None:
-                    values[i] = _int(ns) / 1e9
-            values[t_index] += t0
-        named = {codec.STEP_KEYS[c]: v for c, v in zip(cols, values, strict=True) if v is not None}
-        named[codec.STEP_KEYS["pid"]] = pid
-        if rank is not None:
-            named[codec.STEP_KEYS["rank"]] = rank
-        steps.append(codec.decode_step(named))
-    return StepBatch(tuple(steps))
+    in_ns = () if t0 is None else STEP_TIME_COLUMNS
+    rows = _list(obj["rows"])
+    return StepBatch(tuple(codec.decode_step_rows(cols, rows, pid, rank, t0, in_ns)))
 
 
 def encode_message(message: ProbeMessage, token: str = "") -> bytes:
