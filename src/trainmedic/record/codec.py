@@ -124,7 +124,6 @@ _INT_COLUMNS = ("step", "samples", "alloc_peak_bytes", "reserved_peak_bytes", "a
 _STR_COLUMNS = ("source", "phase")
 _REQUIRED_COLUMNS = ("step", "t", "duration_s")
 _STEP_ORDER = tuple(f.name for f in fields(StepRecord))
-_STEP_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(StepRecord)}
 
 
 def decode_step_rows(
@@ -168,7 +167,7 @@ def decode_step_rows(
         elif name in given:
             args.append(_column(name, given[name], t0 if name in ns_columns else None))
         else:
-            args.append(itertools.repeat(_STEP_FIELD_DEFAULTS[name], n))
+            args.append(itertools.repeat(_STEP_DEFAULTS.get(name), n))  # n = 0 for required ones
     # Made without the dataclass's __init__: a frozen one sets each of the 16 fields
     # through object.__setattr__, 2 µs a step; the instance is the same.
     make = object.__new__
@@ -184,7 +183,7 @@ def _column(name: str, values: Sequence[Any], t0: float | None) -> Sequence[Any]
     """One column's values, checked as :func:`decode_step` checks each (``t0``: the
     column holds nanoseconds, and for ``t`` from ``t0``)."""
     types = set(map(type, values))
-    default = _STEP_FIELD_DEFAULTS.get(name)
+    default = _STEP_DEFAULTS.get(name)  # required fields have none, and no None
     if type(None) in types:
         if name in _REQUIRED_COLUMNS:
             raise KeyError(name)
