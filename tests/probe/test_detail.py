@@ -27,8 +27,11 @@ class Job:
     The loader and the optimizer's post-step hook always run, as in the probe.
     """
 
-    def __init__(self, enabled: bool = True, seed: int = 1) -> None:
+    def __init__(self, enabled: bool = True, seed: int = 1, armed: bool = True) -> None:
         self.steps: list[StepDraft] = []
+        self.armed = armed
+        self.general = 0
+        """Steps that ended the general way (the others the tracker closed alone)."""
         self.tracker = StepTracker(emit=self._emit)
         self.switch = DetailSwitch(self.tracker, enabled=enabled, rng=random.Random(seed))
         self.hooked = {"forward": True, "backward": True, "steps": True}
@@ -48,8 +51,11 @@ class Job:
         return set_it
 
     def _emit(self, draft: StepDraft) -> None:
+        self.general += 1
         self.steps.append(draft)
         self.switch.step_ended(draft)  # as the probe's _on_draft does
+        if self.armed:
+            self.switch.arm_gap(self.steps, 1 << 30)
 
     def fetch(self, seconds: float = 0.0002) -> None:
         tr, sw = self.tracker, self.switch
@@ -165,7 +171,7 @@ def test_a_window_begun_between_two_step_ends_is_followed_by_a_plain_gap() -> No
         job.step(host=0.0001)
         runs.append(job.all_on())
     assert runs[:WINDOW_STEPS] == [True] * WINDOW_STEPS
-    off = job.switch._countdown + sum(1 for on in runs if not on)
+    off = job.switch.countdown + sum(1 for on in runs if not on)
     assert GAP_STEPS[0] <= off <= GAP_STEPS[1] + 1
 
 
@@ -432,3 +438,195 @@ def test_without_the_compute_hooks_a_steps_gpu_marker_is_taken_when_its_batch_ar
     step = job.steps[-1]
     assert step.compute_s is None
     assert step.start_marker == pytest.approx(step.t_end - step.duration_s + 0.0002)
+
+
+# --- gap steps closed by the tracker alone (probe.steps.GapSteps) ------------------------------
+
+
+def _drive(job: Job, seed: int, steps: int) -> list[tuple[object, ...]]:
+    """A random training loop: mostly plain steps, and now and then each event that
+    must end a gap step the general way. Returns what each step's end left behind."""
+    rng = random.Random(seed)
+    seen: list[tuple[object, ...]] = []
+    for i in range(steps):
+        roll = rng.random()
+        if roll < 0.02:
+            job.step(fetches=0)  # no batch: its data wait is its host time
+        elif roll < 0.04:
+            job.step(fetches=rng.randint(2, 5))  # an evaluation's batches, say
+        elif roll < 0.05:
+            job.step(host=LONG_STEP_S)
+        elif roll < 0.06:
+            job.fetch()
+            job.tracker.optimizer_exit(job.t, "adam")  # another optimizer steps too
+            job.step()
+        elif roll < 0.065:
+            job.tracker.phase_enter(job.t, "warmup")
+            job.step()
+            job.tracker.phase_exit(job.t)
+        elif roll < 0.07:
+            job.t += OVERDUE_S  # a pause between steps: the probe's thread wakes the hooks
+            if job.switch.overdue(job.t):
+                job.switch.wake()
+            job.step()
+        elif roll < 0.072 and i > steps // 2:
+            job.tracker.api_step(job.t)  # the script's own step marks, from now on
+        else:
+            job.step(host=rng.choice((0.0001, 0.0003, 0.002)))
+        seen.append((job.all_on(), len(job.steps), job.switch.windows))
+    return seen
+
+
+def _as_compared(draft: StepDraft) -> tuple[object, ...]:
+    return (
+        draft.step,
+        draft.phase,
+        draft.source,
+        draft.t_end,
+        draft.times(),
+        draft.samples,
+        draft.loader_fetches,
+        draft.autocast,
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gap_steps_the_tracker_closes_alone_are_the_steps_the_general_close_makes(
+    seed: int,
+) -> None:
+    armed, general = Job(seed=seed), Job(seed=seed, armed=False)
+    steps = WARMUP_STEPS + 6 * GAP_STEPS[1]
+    assert _drive(armed, seed, steps) == _drive(general, seed, steps)
+    assert [_as_compared(d) for d in armed.steps] == [_as_compared(d) for d in general.steps]
+    assert armed.changes == general.changes
+    assert armed.switch.windows == general.switch.windows
+    assert armed.switch.windows_ended == general.switch.windows_ended
+    assert armed.tracker.steps_by_phase == general.tracker.steps_by_phase
+    # The tracker closed most of them alone, and the general close made all of the other's.
+    assert general.general == len(general.steps)
+    assert armed.general < 0.5 * len(armed.steps)
+
+
+def test_a_gap_ends_the_general_way_at_its_last_step_and_the_window_comes_on_time() -> None:
+    job = Job()
+    for _ in range(WARMUP_STEPS + 1):
+        job.step(host=0.0043)
+    assert job.all_off() and job.tracker.gap is not None
+    gap = job.tracker.gap
+    countdown = job.switch.countdown
+    assert gap.left == countdown - 1  # the last step of the gap stays with the switch
+    general = job.general
+    for _ in range(countdown - 1):
+        job.step(host=0.0043)
+    assert job.general == general and gap.left == 0 and job.all_off()
+    job.step(host=0.0043)
+    assert job.general == general + 1 and job.all_on()
+    assert job.tracker.gap is None
+
+
+def test_the_probes_thread_reads_the_last_step_the_tracker_closed_alone() -> None:
+    job = Job()
+    for _ in range(WARMUP_STEPS + 3):
+        job.step()
+    assert job.tracker.gap is not None and job.general == WARMUP_STEPS
+    assert not job.switch.overdue(job.t + OVERDUE_S / 2)
+    assert job.switch.overdue(job.t + OVERDUE_S)
+    job.switch.wake()
+    assert job.tracker.gap is None  # the hooks came back: steps end the general way
+    job.step()
+    assert job.general == WARMUP_STEPS + 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["detail_on", "listener", "phase", "compiled", "api", "other_optimizer", "no_room"],
+)
+def test_the_tracker_is_not_armed_where_a_step_could_end_otherwise(change: str) -> None:
+    job = Job(armed=False)
+    for _ in range(WARMUP_STEPS + 1):
+        job.step()
+    tracker = job.tracker
+    room = 1 << 30
+    if change == "detail_on":
+        tracker.set_detail(True, True)
+    elif change == "listener":
+        tracker.listener = type("L", (), {"segment_started": lambda self: None})()
+    elif change == "phase":
+        tracker.phase_enter(job.t, "warmup")
+    elif change == "compiled":
+        tracker.optimizer_compiled(job.t, "sgd")
+    elif change == "api":
+        tracker.api_step(job.t)
+    elif change == "other_optimizer":
+        tracker.optimizer_exit(job.t, "adam")
+    else:
+        room = len(job.steps)
+    assert tracker.arm_gap(10, job.t, LONG_STEP_S, job.steps, room) is None
+    assert tracker.gap is None
+
+
+def test_room_in_the_outbox_bounds_the_steps_the_tracker_closes_alone() -> None:
+    job = Job(armed=False)
+    for _ in range(WARMUP_STEPS + 1):
+        job.step()
+    out: list[StepDraft] = []
+    gap = job.tracker.arm_gap(50, job.t, LONG_STEP_S, out, 3)
+    assert gap is not None and gap.left == 3
+    for _ in range(5):
+        job.step()
+    assert len(out) == 3 and job.tracker.gap is None
+    assert [d.step for d in out] == [WARMUP_STEPS + 2, WARMUP_STEPS + 3, WARMUP_STEPS + 4]
+    assert [d.step for d in job.steps[-2:]] == [WARMUP_STEPS + 5, WARMUP_STEPS + 6]
+
+
+def test_with_torch_the_gap_steps_go_to_the_outbox_numbered_with_the_others() -> None:
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainmedic.probe import torch_hooks
+    from trainmedic.probe.env import ProbeConfig
+    from trainmedic.probe.runtime import Probe
+
+    t = [1000.0]
+    p = Probe(ProbeConfig("unix:/nonexistent", "t", None, frozenset(), frozenset()),
+              clock=lambda: t[0])  # fmt: skip
+    p.failed = False  # a probe that sends: its steps are queued
+    p._agent = threading.Thread()  # ... by a thread that never starts here
+    p._install_torch(torch)
+    assert p.tracker is not None and p.detail is not None
+    p.detail.compiled = lambda: False  # whatever other tests compiled in this process
+    general: list[StepDraft] = []
+    on_draft = p._on_draft
+    p.tracker.emit = lambda d: (general.append(d), on_draft(d))  # type: ignore[func-returns-value]
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    loader = DataLoader(data, batch_size=4)
+    steps = WARMUP_STEPS + GAP_STEPS[1] + WINDOW_STEPS + 20
+    try:
+        done = 0
+        while done < steps:
+            for x, y in loader:
+                t[0] += 0.0005
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+                done += 1
+                if done == steps:
+                    break
+    finally:
+        torch_hooks.uninstall(p)
+    drafts = [m for m in p.outbox if isinstance(m, StepDraft)]
+    assert [d.step for d in drafts] == list(range(1, steps + 1))
+    assert p.tracker.train_steps == steps
+    alone = [d for d in drafts if not any(d is g for g in general)]
+    assert len(alone) >= GAP_STEPS[0] - 1  # a gap's steps, but its last
+    for d in alone:
+        assert d.compute_s is None and d.loader_fetches == 1 and d.samples == 4
+        assert d.phase == "train" and d.source == "optimizer"
+        assert d.duration_s == pytest.approx(0.0005)
+        assert d.data_wait_s == 0.0  # the fake clock stands still inside the fetch

@@ -57,10 +57,11 @@ from trainmedic.probe.steps import NO_FETCH_LIMIT
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
     from trainmedic.probe.seams import ForwardSeam
     from trainmedic.probe.segments import StepDraft
-    from trainmedic.probe.steps import StepTracker
+    from trainmedic.probe.steps import GapSteps, StepTracker
 
 WARMUP_STEPS = 32
 """Steps timed in full at the start (and after each restart of the schedule)."""
@@ -153,11 +154,21 @@ class DetailSwitch:
         """The loader hook turns the hooks on when a step fetches more batches than this
         while they are off (:attr:`StepTracker.fetch_limit` holds it then)."""
         self._lock = threading.Lock()
+        self._armed: GapSteps | None = None
+        """The gap steps handed to the tracker (:meth:`arm_gap`): its steps count down
+        there, and come back to :attr:`_countdown` at the next step's end here."""
         self.windows = 0
         """Windows begun so far."""
         self.windows_ended = 0
         """Times the hooks went off after a window (or the warm-up): the steps before
         each ran with them on (the probe's thread asks what forward calls they saw)."""
+
+    @property
+    def countdown(self) -> int:
+        """Step ends until the hooks next go on or off (the gap steps handed to the
+        tracker included)."""
+        gap = self._armed
+        return self._countdown + (gap.left if gap is not None else 0)
 
     def add(self, hook: DetailHook) -> None:
         """Register a compute hook (installed and on)."""
@@ -172,6 +183,12 @@ class DetailSwitch:
         is written inline (a call costs more than the test), and the draft is
         unpacked (one instruction) rather than read attribute by attribute."""
         _, phase, source, end, seg = draft
+        gap = self._armed
+        if gap is not None:  # the steps the tracker closed by itself since arm_gap()
+            self._armed = None
+            self._countdown += gap.left
+            if gap.last_end > self._last_end:
+                self._last_end = gap.last_end
         last = self._last_end
         self._last_end = end
         if not self.enabled:
@@ -223,6 +240,29 @@ class DetailSwitch:
         stretch = GAP_MIN_S / (step_s * _MEAN_GAP_STEPS)
         return max(gap, int(gap * stretch))
 
+    def arm_gap(self, out: Any, limit: int) -> None:
+        """After :meth:`step_ended`: while the hooks stay off for more than the next
+        step, let the tracker close those steps by itself, their drafts going to
+        ``out`` while it holds fewer than ``limit`` (see :class:`~trainmedic.probe.steps.GapSteps`).
+        The last step of the gap always comes back here and turns the hooks on."""
+        if self.on or self.partly_on or not self.enabled or self._countdown < 2:
+            return
+        forward = self.forward
+        if forward is not None and forward.pending:
+            return
+        gap = self.tracker.arm_gap(self._countdown - 1, self._last_end, LONG_STEP_S, out, limit)
+        if gap is not None:
+            self._armed = gap
+            self._countdown -= gap.left  # what is left of it comes back at step_ended()
+
+    def _disarm(self) -> None:
+        """The schedule starts over (hooks on): the gap steps the tracker did not
+        close are dropped (its own ``gap`` goes with ``set_detail()``), the time of the
+        last one it did close is kept."""
+        gap, self._armed = self._armed, None
+        if gap is not None and gap.last_end > self._last_end:
+            self._last_end = gap.last_end
+
     def restore(self) -> None:
         """Every hook back on (the switch is being given up)."""
         self._switch(True, boundary=False)
@@ -236,6 +276,7 @@ class DetailSwitch:
 
     def _switch(self, on: bool, boundary: bool = True) -> None:
         with self._lock:
+            self._disarm()
             for hook in self.hooks if on else reversed(self.hooks):
                 (hook.attach if on else hook.detach)()
             if on and not self.on and not self.partly_on:
@@ -262,13 +303,18 @@ class DetailSwitch:
                     hook.attach()
             self.partly_on = True
             self.windows += 1
+            self._disarm()
             self._countdown = WINDOW_STEPS
             self._on_since = None
             self.tracker.set_detail(True, False)
 
     def overdue(self, now: float) -> bool:
         """Whether no step ended for :data:`OVERDUE_S` with the hooks off (``now``: probe clock)."""
-        return not self.on and not self.partly_on and now - self._last_end >= OVERDUE_S
+        last = self._last_end
+        gap = self._armed
+        if gap is not None and gap.last_end > last:
+            last = gap.last_end  # a step the tracker closed by itself
+        return not self.on and not self.partly_on and now - last >= OVERDUE_S
 
 
 def dynamo_traced() -> bool:

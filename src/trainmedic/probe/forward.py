@@ -213,6 +213,7 @@ class ForwardWatch:
 
     def begin(self, now: float) -> None:
         """Start discovering (at a point outside any module call)."""
+        self._tracker.gap = None  # steps end the general way, which counts them here
         self.requested = False
         if self.discovering or not self._installed or self.exhausted:
             self.pending = self.discovering
@@ -254,6 +255,7 @@ class ForwardWatch:
         """Ask for a discovery at the next safe point (any thread)."""
         self.requested = True
         self.pending = True
+        self._tracker.gap = None  # steps end the general way, which acts on it
 
     # --- safe points (training thread, outside module calls) -------------------------------
 

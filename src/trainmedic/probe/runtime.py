@@ -471,6 +471,11 @@ class Probe(ProbeAgent, ProbeIncidents):
                 self.step_marked()
         elif not self.failed:
             self.dropped += 1
+        if detail is not None and not detail.on and window is None and not self.failed:
+            try:  # the next steps of a gap end in the tracker alone (probe.steps.GapSteps)
+                detail.arm_gap(self.outbox, MAX_OUTBOX)
+            except Exception as exc:
+                self.detail_failed(exc)
 
     def _finish_step(self, draft: StepDraft, timing: Any, alloc: Any) -> None:
         # The record is built by the background thread: the training thread only queues.

@@ -47,6 +47,15 @@ or passed without them is *partial* - its length and data wait are known,
 its compute is not (``compute_s`` is ``None``), and its gradient-free forward
 calls do not count towards telling an evaluation apart.
 
+Steps between two windows of the compute hooks (the *gap*, :mod:`trainmedic.probe.detail`)
+are the common case on short steps, and each of them ends the same way: the lead
+optimizer's post-step hook, no region open, no phase, a partial segment. The
+detail switch then arms a :class:`GapSteps`; while it is armed,
+:meth:`StepTracker.optimizer_exit` closes such a step itself in a few lines and
+queues its draft, without the general close, the probe's step callback and the
+detail switch's count (three Python calls a step). Anything else the tracker
+is told disarms it, and the next step ends the general way.
+
 Phases: time inside ``trainmedic.phase(name)`` is kept out of the train step
 around it and reported as a record of that phase. Without the API, a step
 holding many more forward calls with gradients disabled than usual (an
@@ -60,7 +69,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 # StepDraft is the tracker's output: importable from here, as it always was.
 from trainmedic.probe.segments import Mark, Segment, make_draft, merge
@@ -95,6 +104,41 @@ class StepListener(Protocol):
     def segment_started(self) -> object | None:
         """The first compute of a new segment begins; returns a marker kept with it."""
         ...
+
+
+class GapSteps:
+    """What lets :meth:`StepTracker.optimizer_exit` close a gap step by itself.
+
+    Armed by the detail switch (:meth:`StepTracker.arm_gap`) at a step's end
+    when the next steps go without the compute hooks; the tracker drops it
+    (``tracker.gap = None``) at any event other than a DataLoader fetch or the
+    lead's step end, and the fast close stops by itself when ``left`` runs
+    out (never past the room ``out`` had when it was armed), or a step is long
+    or fetched nothing.
+
+    Attributes:
+        lead: the lead optimizer's identity (what the post-step hook passes).
+        left: steps the tracker may still close by itself.
+        last_end: when the last step ended (tracker clock, seconds).
+        long_s: a step at least this long (seconds) ends the general way.
+        out: where the drafts go (the probe's outbox).
+    """
+
+    __slots__ = ("last_end", "lead", "left", "long_s", "out")
+
+    def __init__(
+        self,
+        lead: object,
+        left: int,
+        last_end: float,
+        long_s: float,
+        out: Any,
+    ) -> None:
+        self.lead = lead
+        self.left = left
+        self.last_end = last_end
+        self.long_s = long_s
+        self.out = out
 
 
 @dataclass
@@ -132,6 +176,7 @@ class StepTracker:
         "emit",
         "fetch_limit",
         "forwards",
+        "gap",
         "listener",
         "loader_since",
         "mode",
@@ -180,6 +225,8 @@ class StepTracker:
         self.fetch_limit = NO_FETCH_LIMIT
         """Batches fetched in one step beyond which :meth:`loader_exit` says the
         compute hooks should come on (set by :mod:`trainmedic.probe.detail`)."""
+        self.gap: GapSteps | None = None
+        """Armed while the next steps may be closed by :meth:`optimizer_exit` alone."""
 
     # --- what the heartbeat reports ----------------------------------------------------
 
@@ -207,6 +254,7 @@ class StepTracker:
 
     def reset(self) -> None:
         """Forget everything (a forked child starts its own count)."""
+        self.gap = None
         self.mode = None
         self.steps_by_phase = {}
         self._new_segment(None)
@@ -246,6 +294,7 @@ class StepTracker:
         segment happened - its detail is then whole (or absent) from its start.
         Switched on within a segment, the segment stays partial.
         """
+        self.gap = None
         self.detail = on
         if boundary or not on:
             self._seg.partial = not on
@@ -254,6 +303,7 @@ class StepTracker:
 
     def compute_enter(self, now: float, kind: str) -> None:
         """Entering an outermost forward (``forward``), a backward call or an optimizer step."""
+        self.gap = None
         regions = self._regions
         if kind == "optimizer" and "optimizer" in regions:
             # A previous optimizer step raised before its post hook: close it.
@@ -291,6 +341,7 @@ class StepTracker:
         self, now: float, samples: int | None, grad_enabled: bool, autocast: bool | None
     ) -> None:
         """An outermost module call begins (``samples``: its batch size, when found)."""
+        self.gap = None
         regions = self._regions
         if regions:  # inside a backward call or an optimizer step (a closure): rare
             self._forward_enter_inside(now, samples, grad_enabled, autocast)
@@ -404,6 +455,7 @@ class StepTracker:
     # --- boundaries ------------------------------------------------------------------------
 
     def optimizer_enter(self, now: float) -> None:
+        self.gap = None
         regions = self._regions
         if regions:  # a region left open, or a step inside a region: rare
             self.compute_enter(now, "optimizer")
@@ -418,6 +470,30 @@ class StepTracker:
 
     def optimizer_exit(self, now: float, optimizer: object) -> None:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
+        gap = self.gap
+        if gap is not None:
+            # A gap step (see the module doc): the general close below, written out
+            # for this case with the probe's callback and the detail switch's count.
+            seg = self._seg
+            left = gap.left
+            if (
+                left
+                and seg.fetches
+                and optimizer == gap.lead
+                and now - gap.last_end < gap.long_s
+            ):
+                gap.left = left - 1
+                gap.last_end = now
+                self._seg = new = Segment()
+                new.t_start = now
+                new.partial = True
+                self.wants_batch = True
+                by_phase = self.steps_by_phase
+                number = by_phase[TRAIN] + 1
+                by_phase[TRAIN] = number
+                gap.out.append(make_draft((number, TRAIN, "optimizer", now, seg)))
+                return
+            self.gap = None
         regions = self._regions
         if regions:
             if regions == _OPTIMIZER_ONLY:
@@ -462,6 +538,7 @@ class StepTracker:
         step ends now, as its hook would have ended it; the optimizer's next steps run
         in compiled code, without hooks. Dynamo may trace one region more than once
         (a restart, a recompilation): only the first trace ends a step."""
+        self.gap = None
         if optimizer in self._compiled:
             return
         self.optimizer_exit(now, optimizer)
@@ -469,6 +546,7 @@ class StepTracker:
         self.compiled_lead = self._lead in self._compiled
 
     def backward_enter(self, now: float) -> None:
+        self.gap = None
         regions = self._regions
         if not regions:
             self.work += 1
@@ -512,6 +590,7 @@ class StepTracker:
 
     def api_step(self, now: float) -> None:
         """``trainmedic.step()``: the script marks the end of a step itself."""
+        self.gap = None
         first = self.mode != "api"
         self.mode = "api"
         seg = self._seg
@@ -609,14 +688,44 @@ class StepTracker:
         by_phase[phase] = number
         self.emit(make_draft((number, phase, source, t_end, seg)))
 
+    def arm_gap(
+        self, left: int, last_end: float, long_s: float, out: Any, limit: int
+    ) -> GapSteps | None:
+        """Let :meth:`optimizer_exit` close up to ``left`` next steps by itself (see
+        :class:`GapSteps` for the arguments), when they can only end the way it
+        closes them: steps counted by the lead optimizer's hook, nothing open, no
+        phase, no CUDA marker to take and the compute hooks off; no more of them
+        than ``out`` has room for below ``limit`` drafts now (the probe's thread
+        only drains it meanwhile). Returns what was armed, or ``None``."""
+        left = min(left, limit - len(out))
+        if (
+            left <= 0
+            or self.mode != "optimizer"
+            or self.detail
+            or self.compiled_lead
+            or self.listener is not None
+            or self._lead is None
+            or self._regions
+            or self._held
+            or self._phases
+            or self._others
+            or TRAIN not in self.steps_by_phase
+            or not self._seg.partial
+        ):
+            return None
+        self.gap = gap = GapSteps(self._lead, left, last_end, long_s, out)
+        return gap
+
     # --- phases ------------------------------------------------------------------------------
 
     def phase_enter(self, now: float, name: str) -> None:
         """``trainmedic.phase(name)`` begins: its time leaves the step around it."""
+        self.gap = None
         self._phases.append(_Phase(name=name, t_start=now, outer=self._seg))
         self._new_segment(now)
 
     def phase_exit(self, now: float) -> None:
+        self.gap = None
         if not self._phases:
             return
         ph = self._phases[-1]
@@ -635,6 +744,7 @@ class StepTracker:
 
     def finish(self, now: float) -> None:
         """The process is ending: emit what can still be told apart."""
+        self.gap = None
         while self._phases:
             self.phase_exit(now)
         if self._held and self.mode is None:
