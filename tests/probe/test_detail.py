@@ -4,6 +4,7 @@ and what the steps measured without them say (and do not say)."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -318,11 +319,39 @@ def test_the_schedule_constants_keep_the_hooks_on_a_small_share() -> None:
 # --- with torch: the real hooks taken off and put back ---------------------------------------
 
 
+class TorchJob:
+    """A small model trained from a DataLoader of 4-row batches, each step moving the
+    fake clock ``t`` on by 0.5 ms."""
+
+    def __init__(self, torch: Any, t: list[float]) -> None:
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        self.t = t
+        self.model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+        self.loader = DataLoader(self.data, batch_size=4)
+
+    def train(self, steps: int) -> None:
+        done = 0
+        while done < steps:
+            for x, y in self.loader:
+                self.t[0] += 0.0005
+                self.opt.zero_grad()
+                self.loss_fn(self.model(x), y).backward()
+                self.opt.step()
+                done += 1
+                if done == steps:
+                    return
+
+
 def test_torch_hooks_come_off_and_back_and_an_evaluation_is_still_split_out() -> None:
     torch = pytest.importorskip("torch")
     from torch import nn
     from torch.optim import optimizer as optimizer_mod
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     from trainmedic.probe import torch_hooks
     from trainmedic.probe.env import ProbeConfig
@@ -339,11 +368,8 @@ def test_torch_hooks_come_off_and_back_and_an_evaluation_is_still_split_out() ->
     drafts: list[StepDraft] = []
     on_draft = p._on_draft
     p.tracker.emit = lambda d: (drafts.append(d), on_draft(d))  # type: ignore[func-returns-value]
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    loss_fn = nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
-    loader = DataLoader(data, batch_size=4)
+    job = TorchJob(torch, t)
+    model, data, train = job.model, job.data, job.train
 
     def hooks_on() -> tuple[bool, bool, bool]:
         wrapped = nn.Sequential.__dict__.get("__call__") is not None
@@ -352,18 +378,6 @@ def test_torch_hooks_come_off_and_back_and_an_evaluation_is_still_split_out() ->
             torch.autograd.backward is not original_backward,
             len(optimizer_mod._global_optimizer_pre_hooks) > 0,
         )
-
-    def train(steps: int) -> None:
-        done = 0
-        while done < steps:
-            for x, y in loader:
-                t[0] += 0.0005
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-                done += 1
-                if done == steps:
-                    return
 
     try:
         train(WARMUP_STEPS + 2)
@@ -583,9 +597,6 @@ def test_with_torch_the_gap_steps_go_to_the_outbox_numbered_with_the_others() ->
     torch = pytest.importorskip("torch")
     import threading
 
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
     from trainmedic.probe import torch_hooks
     from trainmedic.probe.env import ProbeConfig
     from trainmedic.probe.runtime import Probe
@@ -601,23 +612,9 @@ def test_with_torch_the_gap_steps_go_to_the_outbox_numbered_with_the_others() ->
     general: list[StepDraft] = []
     on_draft = p._on_draft
     p.tracker.emit = lambda d: (general.append(d), on_draft(d))  # type: ignore[func-returns-value]
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    loss_fn = nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
-    loader = DataLoader(data, batch_size=4)
     steps = WARMUP_STEPS + GAP_STEPS[1] + WINDOW_STEPS + 20
     try:
-        done = 0
-        while done < steps:
-            for x, y in loader:
-                t[0] += 0.0005
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-                done += 1
-                if done == steps:
-                    break
+        TorchJob(torch, t).train(steps)
     finally:
         torch_hooks.uninstall(p)
     drafts = [m for m in p.outbox if isinstance(m, StepDraft)]

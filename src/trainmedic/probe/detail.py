@@ -185,10 +185,8 @@ class DetailSwitch:
         _, phase, source, end, seg = draft
         gap = self._armed
         if gap is not None:  # the steps the tracker closed by itself since arm_gap()
-            self._armed = None
             self._countdown += gap.left
-            if gap.last_end > self._last_end:
-                self._last_end = gap.last_end
+            self._disarm()
         last = self._last_end
         self._last_end = end
         if not self.enabled:
