@@ -49,7 +49,9 @@ def test_a_failing_configuration_is_a_trial_with_its_error() -> None:
 
 def test_the_profile_tells_waiting_from_computing() -> None:
     waiting = LoaderBench(Waiting(n=64, wait_s=0.003), batch_size=8).profile(0.1)
-    assert waiting.kind == "latency" and waiting.sample_s >= 0.003
+    # The profile leaves out the time each woken sleep spent waiting for a core, so
+    # a busy machine may read a hair under the 3 ms each sample sleeps.
+    assert waiting.kind == "latency" and 0.0027 <= waiting.sample_s < 0.006
     assert waiting.batch_bytes == 8 * (4 * 4 + 8)  # a float32 x4 and an int64 label
     iterable = LoaderBench(Stream(), batch_size=4)
     assert iterable.iterable and iterable.profile(0.05).samples >= 3
