@@ -233,7 +233,9 @@ def test_waiting_on_a_running_job_sleeps_until_it_exits(tmp_path: Path) -> None:
         before = _voluntary_switches()
         assert job.wait(0.3) is None
         assert job.wait(0.3) is None
-        assert _voluntary_switches() - before <= 4  # Popen.wait: about 24
+        # Popen.wait: about 24. Two sleeps are 2; the rest of the margin is for other
+        # threads of the test process (pytest-timeout's timer starting) taking the lock.
+        assert _voluntary_switches() - before <= 8
     finally:
         done.touch()  # the job exits
     started = time.monotonic()
