@@ -38,14 +38,16 @@ while True:
 
 def run_job(model: str, steps: int) -> dict[str, float]:
     """One plain run of the benchmark job; its ``BENCH`` line."""
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, str(HERE / "overhead_job.py"), "--model", model, "--steps", str(steps)],
-        check=True,
         capture_output=True,
         text=True,
         cwd=HERE,
-    ).stdout
-    line = next(x for x in out.splitlines() if x.startswith("BENCH "))
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"neighbour_load: the job failed (exit {done.returncode}): {last}")
     return json.loads(line[len("BENCH ") :])  # type: ignore[no-any-return]
 
 
@@ -57,6 +59,10 @@ def main() -> None:
     parser.add_argument("--busy-ms", type=float, default=0.5)
     parser.add_argument("--sleep-ms", type=float, default=25.0)
     args = parser.parse_args()
+    if args.rounds < 1 or args.steps < 1 or args.busy_ms < 0 or args.sleep_ms <= 0:
+        parser.error(
+            "--rounds and --steps must be at least 1, --busy-ms at least 0, --sleep-ms above 0"
+        )
     median_ratios, mean_ratios = [], []
     for i in range(args.rounds):
         alone = run_job(args.model, args.steps)
