@@ -103,6 +103,25 @@ def test_a_loop_asleep_most_of_each_step_is_not_stuck(
     assert found[0].id == first, [(f.id, f.title) for f in found]
 
 
+@pytest.mark.parametrize(("elsewhere", "first"), [(0, "failure.hang"), (1, "not stuck")])
+def test_torn_reads_of_a_thread_hung_in_training_code_are_no_step_one_sample_elsewhere_is(
+    elsewhere: int, first: str
+) -> None:
+    # Hung inside backward: py-spy's torn reads come back as runs of the same frames.
+    hung = (Frame("_engine_run_backward", f"{SITE}/torch/autograd/graph.py", 744),
+            Frame("backward", f"{SITE}/torch/autograd/__init__.py", 266),
+            Frame("backward", f"{SITE}/torch/_tensor.py", 521),
+            Frame("main", "/t/train.py", 31))  # fmt: skip
+    torn = {hung[1:]: 6, hung[:3]: 5, hung[1:3]: 4}
+    obs = _obs({(10, 10): {hung: 480, **torn, **({TRAIN: elsewhere} if elsewhere else {})}})
+    obs = replace(obs, use={10: replace(obs.use[10], cpu_s=0.0, state="S")})
+    found = [f.id for f in diagnose_attached(obs)]
+    if first == "failure.hang":
+        assert found[0] == "failure.hang", found
+    else:  # one forward at another line: the thread took a step
+        assert "failure.hang" not in found, found
+
+
 def test_a_loss_written_as_functional_ops_is_training_not_host() -> None:
     loss = (Frame("cross_entropy", f"{SITE}/torch/nn/functional.py", 3000),
             Frame("main", "/t/train.py", 31))  # fmt: skip
