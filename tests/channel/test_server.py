@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from trainmedic.channel import ring
 from trainmedic.channel.client import ChannelClient, parse_address
-from trainmedic.channel.server import ChannelServer
-from trainmedic.channel.wire import STEP_COLUMNS, Goodbye, Hello, ProbeMessage, encode_message
+from trainmedic.channel.server import WAKE_AFTER_S, ChannelServer
+from trainmedic.channel.wire import (
+    RING_REFUSED,
+    RING_TAKEN,
+    STEP_COLUMNS,
+    WAKE,
+    Goodbye,
+    Hello,
+    ProbeMessage,
+    encode_message,
+)
 from trainmedic.record.types import StepRecord
 
 
@@ -193,3 +205,139 @@ def test_a_client_fails_quietly_when_nobody_listens(tmp_path: Path) -> None:
     assert client.send(b"x\n") is False
     assert client.failed is not None and "connect" in client.failed
     assert client.send(b"y\n") is False
+
+
+# --- the shared-memory step ring ------------------------------------------------------------
+
+
+def ring_hello(pid: int = 100) -> bytes:
+    hello = make_hello(pid)
+    return encode_message(
+        Hello(**{**hello.__dict__, "ring": True}), token="tok"
+    )
+
+
+def read_answer(client: ChannelClient, timeout: float = 5.0) -> bytes:
+    sock = socket.socket(fileno=os.dup(client_fd(client)))
+    try:
+        sock.settimeout(timeout)
+        return sock.recv(16)
+    finally:
+        sock.close()
+
+
+def client_fd(client: ChannelClient) -> int:
+    fd = client.fileno()
+    assert fd is not None
+    return fd
+
+
+@pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
+def test_steps_written_into_a_ring_reach_the_consumer_before_later_lines(
+    server: ChannelServer, collector: Collector
+) -> None:
+    writer = ring.RingWriter(64)
+    client = ChannelClient(server.address)
+    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
+    writer.close_fd()
+    assert read_answer(client) == RING_TAKEN
+    source, phase = writer.code("optimizer"), writer.code("train")
+    assert source is not None and phase is not None
+    for n in (1, 2, 3):
+        writer.write(n, 10.0 + n, 0.1, 0.01, 0.05, math.nan, 8, -1, -1, -1, -1, source, phase, 0)
+    # A line sent after the steps were written comes after them.
+    assert client.send(encode_message(Goodbye(pid=100, t=20.0)))
+    messages = collector.wait_for(5)
+    assert isinstance(messages[0], Hello) and messages[0].ring
+    steps = messages[1:4]
+    assert [s.step for s in steps if isinstance(s, StepRecord)] == [1, 2, 3]
+    assert steps[0] == StepRecord(
+        step=1, t=11.0, duration_s=0.1, data_wait_s=0.01, compute_s=0.05, samples=8,
+        pid=100, autocast=False,
+    )  # fmt: skip
+    assert isinstance(messages[4], Goodbye)
+    client.close()
+
+
+@pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
+def test_a_ring_that_stops_moving_wakes_its_probe_once(
+    server: ChannelServer, collector: Collector
+) -> None:
+    writer = ring.RingWriter(64)
+    client = ChannelClient(server.address)
+    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
+    assert read_answer(client) == RING_TAKEN
+    source, phase = writer.code("optimizer"), writer.code("train")
+    assert source is not None and phase is not None
+    writer.write(1, 1.0, 0.1, 0.0, math.nan, math.nan, -1, -1, -1, -1, -1, source, phase, -1)
+    collector.wait_for(2)
+    assert read_answer(client) == WAKE  # after WAKE_AFTER_S without a step
+    with pytest.raises(TimeoutError):  # once per stop, not at every read of the ring
+        read_answer(client, timeout=3 * WAKE_AFTER_S)
+    writer.write(2, 2.0, 0.1, 0.0, math.nan, math.nan, -1, -1, -1, -1, -1, source, phase, -1)
+    collector.wait_for(3)
+    assert read_answer(client) == WAKE  # the next stop wakes it again
+    client.close()
+
+
+@pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
+def test_a_ring_that_is_not_one_is_refused_and_the_lines_still_count(
+    server: ChannelServer, collector: Collector
+) -> None:
+    fake = os.memfd_create("fake", os.MFD_CLOEXEC)
+    os.ftruncate(fake, 1 << 16)
+    client = ChannelClient(server.address)
+    assert client.send_fd(ring_hello(), fake)
+    os.close(fake)
+    assert read_answer(client) == RING_REFUSED
+    send_line = encode_message(make_step(7))
+    assert client.send(send_line)
+    messages = collector.wait_for(2)
+    assert isinstance(messages[1], StepRecord) and messages[1].step == 7
+    assert any("step ring is unreadable" in p for p in collector.problems)
+    client.close()
+
+
+def test_a_descriptor_from_a_connection_without_the_token_is_closed(
+    server: ChannelServer, collector: Collector
+) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    r, w = os.pipe()
+    client = ChannelClient(server.address)
+    hello = encode_message(make_hello(), token="wrong")
+    assert client.send_fd(hello, r)
+    os.close(r)
+    os.close(w)
+    deadline = time.monotonic() + 5
+    while not collector.problems and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.close()
+    assert any("without the run token" in p for p in collector.problems)
+    assert server.wait_idle(5)
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+@pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
+def test_a_ring_of_long_steps_wakes_its_probe_only_after_two_of_them(
+    server: ChannelServer, collector: Collector
+) -> None:
+    writer = ring.RingWriter(64)
+    client = ChannelClient(server.address)
+    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
+    assert read_answer(client) == RING_TAKEN
+    source, phase = writer.code("optimizer"), writer.code("train")
+    assert source is not None and phase is not None
+
+    def step(n: int, t: float) -> None:
+        writer.write(n, t, 0.5, 0.0, math.nan, math.nan, -1, -1, -1, -1, -1, source, phase, -1)
+
+    step(1, 100.0)
+    collector.wait_for(2)
+    written = time.monotonic()
+    step(2, 100.5)  # steps 0.5 s apart, by their own times
+    step(3, 101.0)
+    assert read_answer(client) == WAKE
+    # Not at WAKE_AFTER_S: two steps' time (1 s) is the job's normal gap. (The ring
+    # moved after ``written``, and the wake-up comes 1 s after that at the soonest.)
+    assert time.monotonic() - written >= 2 * 0.5 > WAKE_AFTER_S
+    client.close()

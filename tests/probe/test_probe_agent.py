@@ -416,7 +416,7 @@ def quiet_probe() -> tuple[Probe, StepTracker, list[str]]:
     probe, tracker, _ = make_probe()
     calls: list[str] = []
     probe._flush = lambda: calls.append("flush")  # type: ignore[method-assign]
-    probe._heartbeat = lambda: calls.append("heartbeat")  # type: ignore[method-assign]
+    probe._heartbeat = lambda top_up=True: calls.append("heartbeat")  # type: ignore[method-assign]
     probe._sample_main = lambda: calls.append("sample")  # type: ignore[method-assign]
     return probe, tracker, calls
 

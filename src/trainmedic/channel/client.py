@@ -8,6 +8,7 @@ must cost the job nothing, so nothing is retried and nothing is raised.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -84,6 +85,44 @@ class ChannelClient:
             self.close()
             return False
         return True
+
+    def send_fd(self, data: bytes, fd: int) -> bool:
+        """Send ``data`` whole with a copy of ``fd`` (``SCM_RIGHTS``, Unix sockets only);
+        ``False`` when the connection is (now) broken or cannot pass descriptors."""
+        if self._sock is None and not self.connect():
+            return False
+        assert self._sock is not None
+        if self._sock.family != getattr(socket, "AF_UNIX", None):
+            return False
+        try:
+            sent = socket.send_fds(self._sock, [data], [fd], _NOSIGNAL)
+            if sent < len(data):
+                self._sock.sendall(data[sent:], _NOSIGNAL)
+        except OSError as exc:
+            self.failed = f"send: {exc}"
+            self.close()
+            return False
+        return True
+
+    def fileno(self) -> int | None:
+        """The connection's descriptor (to wait on), ``None`` when not connected."""
+        return None if self._sock is None else self._sock.fileno()
+
+    def receive(self) -> bytes | None:
+        """What the supervisor sent, without waiting: ``b""`` once it closed the
+        connection (or on an error), ``None`` when there is nothing to read."""
+        if self._sock is None:
+            return None
+        try:
+            # A socket with a timeout waits for data inside recv() whatever the
+            # flags say: ask first whether there is any.
+            if not select.select([self._sock], [], [], 0)[0]:
+                return None
+            return self._sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except (OSError, ValueError):
+            return b""
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

@@ -5,6 +5,15 @@ directory when its path fits ``sun_path``, else in a private temporary
 directory) or, where ``AF_UNIX`` is missing, on 127.0.0.1. Each connection
 must open with a hello carrying the run's token; later lines are decoded and
 handed to ``handler`` in arrival order, from the server's one thread.
+
+A hello may come with the descriptor of a shared-memory step ring
+(:mod:`trainmedic.channel.ring`). The server then answers
+:data:`~trainmedic.channel.wire.RING_TAKEN`, reads the ring every
+:data:`DRAIN_S` and before each batch of the connection's lines (so steps
+come before the messages the process sent after them), and, when a ring
+that moved stops for :data:`WAKE_AFTER_S`, sends
+:data:`~trainmedic.channel.wire.WAKE` once: the probe's thread sleeps while
+steps flow, and a silence is when the supervisor needs its heartbeats.
 """
 
 from __future__ import annotations
@@ -18,17 +27,35 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmedic.channel.wire import Hello, ProbeMessage, StepBatch, decode_line
+from trainmedic.channel.ring import RingError, RingReader
+from trainmedic.channel.wire import (
+    RING_REFUSED,
+    RING_TAKEN,
+    WAKE,
+    Hello,
+    ProbeMessage,
+    StepBatch,
+    decode_line,
+)
 
 SOCKET_NAME = "probe.sock"
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """A connection sending a longer line is dropped (the probe never does)."""
 _SUN_PATH_MAX = 100  # sockaddr_un.sun_path is 104 (macOS) or 108 (Linux) bytes; keep margin.
 _RECV_BYTES = 256 * 1024
+_FD_SPACE = socket.CMSG_SPACE(8 * 4) if hasattr(socket, "CMSG_SPACE") else 0
+DRAIN_S = 0.1
+"""Seconds between two reads of the step rings."""
+WAKE_AFTER_S = 0.3
+"""A ring that stopped moving for this long gets its probe's thread woken, seconds
+(the watchdog calls a job silent after half a second without a step)."""
+WAKE_AFTER_STEPS = 2.0
+"""... or for this many of its recent steps, when longer: a job of 1 s steps is not
+silent between two of them, and its probe's thread need not wake at each."""
 
 MessageHandler = Callable[[ProbeMessage], None]
 ProblemHandler = Callable[[str], None]
@@ -39,6 +66,17 @@ class _Connection:
     sock: socket.socket
     buffer: bytearray = field(default_factory=bytearray)
     pid: int | None = None
+    fd: int | None = None
+    """A descriptor that came before the hello (the ring it may announce)."""
+    ring: RingReader | None = None
+    ring_moved: float = 0.0
+    """When the ring last gave a step (monotonic s); 0 before the first."""
+    woken: bool = False
+    """Whether the probe was woken since the ring last moved."""
+    last_t: float | None = None
+    """The latest step's end (Unix s)."""
+    step_s: float = 0.0
+    """The recent time between two steps (a moving average), seconds."""
 
 
 class ChannelServer:
@@ -156,8 +194,9 @@ class ChannelServer:
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
+            rings = any(c.ring is not None for c in self._connections.values())
             try:
-                events = self._selector.select(timeout=1.0)
+                events = self._selector.select(timeout=DRAIN_S if rings else 1.0)
             except (OSError, ValueError):
                 return
             for key, _mask in events:
@@ -167,9 +206,48 @@ class ChannelServer:
                     self._accept()
                 else:
                     self._read(key.data)
+            if rings:
+                self._drain_rings()
         # Read what is left in the kernel buffers before closing.
         for conn in list(self._connections.values()):
             self._read(conn, final=True)
+
+    def _drain_rings(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._connections.values()):
+            if conn.ring is None or self._drain(conn):
+                continue
+            after = max(WAKE_AFTER_S, WAKE_AFTER_STEPS * conn.step_s)
+            if conn.ring_moved and not conn.woken and now - conn.ring_moved >= after:
+                conn.woken = True
+                with contextlib.suppress(OSError):
+                    conn.sock.send(WAKE, socket.MSG_DONTWAIT)
+
+    def _drain(self, conn: _Connection) -> bool:
+        """Hand on the steps the connection's ring holds; ``True`` when there were any."""
+        ring = conn.ring
+        if ring is None:
+            return False
+        lost, malformed = ring.lost, ring.malformed
+        steps = ring.drain()
+        if ring.lost != lost:
+            self._problem(
+                "ring-lost",
+                f"channel: steps of pid {ring.pid} were overwritten in shared memory before "
+                "they were read (the supervisor fell behind)",
+            )
+        if ring.malformed != malformed:
+            self._problem("ring-malformed", f"channel: malformed steps in pid {ring.pid}'s ring")
+        if not steps:
+            return False
+        conn.ring_moved, conn.woken = time.monotonic(), False
+        last = steps[-1].t
+        if conn.last_t is not None and last > conn.last_t:
+            between = (last - conn.last_t) / len(steps)
+            conn.step_s = between if not conn.step_s else 0.7 * conn.step_s + 0.3 * between
+        conn.last_t = last
+        self._hand_on(steps)
+        return True
 
     def _accept(self) -> None:
         while True:
@@ -189,21 +267,39 @@ class ChannelServer:
     def _read(self, conn: _Connection, final: bool = False) -> None:
         while True:
             try:
-                chunk = conn.sock.recv(_RECV_BYTES)
+                chunk = self._recv(conn)
             except (BlockingIOError, InterruptedError):
                 if final:
+                    self._drain(conn)
                     self._drop(conn)
                 return
             except OSError:
                 chunk = b""
             if not chunk:
                 self._lines(conn, final=True)
+                self._drain(conn)
                 self._drop(conn)
                 return
             conn.buffer += chunk
             if not self._lines(conn):
                 self._drop(conn)
                 return
+
+    def _recv(self, conn: _Connection) -> bytes:
+        """Bytes from the connection; before its hello, with any descriptor passed along."""
+        if conn.pid is not None or not _FD_SPACE or conn.sock.family != socket.AF_UNIX:
+            return conn.sock.recv(_RECV_BYTES)
+        data, ancillary, _flags, _addr = conn.sock.recvmsg(_RECV_BYTES, _FD_SPACE)
+        for level, kind, payload in ancillary:
+            if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+                continue
+            usable = len(payload) - len(payload) % 4
+            for fd in memoryview(payload)[:usable].cast("i"):
+                if conn.fd is None:
+                    conn.fd = fd
+                else:
+                    os.close(fd)  # one ring per connection: nothing else is expected
+        return data
 
     def _lines(self, conn: _Connection, final: bool = False) -> bool:
         """Decode complete lines in the buffer; ``False`` when the connection must go."""
@@ -244,7 +340,32 @@ class ChannelServer:
                 )
                 return False
             conn.pid = message.pid
-        for one in message.steps if isinstance(message, StepBatch) else (message,):
+            self._hand_on((message,))
+            self._take_ring(conn, message)
+            return True
+        self._drain(conn)  # the steps the process wrote before it sent this line
+        self._hand_on(message.steps if isinstance(message, StepBatch) else (message,))
+        return True
+
+    def _take_ring(self, conn: _Connection, hello: Hello) -> None:
+        """Map the ring the hello announced and say whether it will be read."""
+        fd, conn.fd = conn.fd, None
+        if not hello.ring:
+            if fd is not None:
+                os.close(fd)
+            return
+        answer = RING_REFUSED
+        if fd is not None:
+            try:
+                conn.ring = RingReader(fd, hello.pid, hello.rank)
+                answer = RING_TAKEN
+            except (RingError, OSError, ValueError) as exc:
+                self._problem("ring", f"channel: pid {hello.pid}'s step ring is unreadable: {exc}")
+        with contextlib.suppress(OSError):
+            conn.sock.send(answer, socket.MSG_DONTWAIT)
+
+    def _hand_on(self, messages: Iterable[ProbeMessage]) -> None:
+        for one in messages:
             self.messages += 1
             try:
                 self._handler(one)
@@ -253,13 +374,20 @@ class ChannelServer:
                     f"handler-{type(exc).__name__}",
                     f"channel: handling {type(one).__name__} failed: {type(exc).__name__}: {exc}",
                 )
-        return True
 
     def _drop(self, conn: _Connection) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(conn.sock)
         with contextlib.suppress(OSError):
             conn.sock.close()
+        fd, conn.fd = conn.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        ring, conn.ring = conn.ring, None
+        if ring is not None:
+            with contextlib.suppress(BufferError, ValueError):
+                ring.close()
         with self._idle:
             for fd, c in list(self._connections.items()):
                 if c is conn:

@@ -33,6 +33,9 @@ class Hello:
         t: Unix time the probe started in this process, seconds.
         node: the host's name (``uname -n``), where the process runs.
         node_rank / world_size: torchrun's ``GROUP_RANK`` and ``WORLD_SIZE``, when set.
+        ring: the hello came with the descriptor of a shared-memory step ring
+            (:mod:`trainmedic.channel.ring`): the process's steps come through it once
+            the supervisor answers :data:`RING_TAKEN`.
     """
 
     pid: int
@@ -47,6 +50,15 @@ class Hello:
     node: str | None = None
     node_rank: int | None = None
     world_size: int | None = None
+    ring: bool = False
+
+
+RING_TAKEN = b"R"
+"""The supervisor's answer to a hello with a ring: it reads the ring from now on."""
+RING_REFUSED = b"N"
+"""The supervisor's answer to a hello with a ring it cannot read: send steps as lines."""
+WAKE = b"!"
+"""The supervisor asks the probe's thread to look again: the ring stopped moving."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +283,8 @@ def encode_message(message: ProbeMessage, token: str = "") -> bytes:
             "node_rank": message.node_rank,
             "world_size": message.world_size,
         }
+        if message.ring:
+            obj["ring"] = True
     elif isinstance(message, TorchInfo):
         obj = {
             "k": "torch",
@@ -366,6 +380,7 @@ def _hello(obj: Mapping[str, Any]) -> Hello:
         node=None if obj.get("node") is None else _str(obj["node"]),
         node_rank=_opt_int(obj.get("node_rank")),
         world_size=_opt_int(obj.get("world_size")),
+        ring=obj.get("ring") is True,
     )
 
 

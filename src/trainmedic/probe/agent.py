@@ -27,6 +27,17 @@ share of the other core. So it runs as little as the supervisor needs:
 Measured on a 12 s MLP job (``benchmarks/overhead_job.py``'s counts,
 docs/performance.md): this thread's wake-ups fell from about 14.5 to 6 a
 second.
+
+Where the supervisor takes the probe's shared-memory ring
+(:mod:`trainmedic.channel.ring`, offered with the hello), the training
+thread writes each step there itself (:mod:`trainmedic.probe.steprings`),
+and while the job makes progress this thread has nothing to do: it sleeps
+on the connection for up to :data:`QUIET_S`, without a liveness sample at
+its pass. It wakes early when the supervisor sees the ring stop
+(:data:`~trainmedic.channel.wire.WAKE`: a silence, when heartbeats matter),
+at a stack request, when CUDA comes up, and at exit. Messages the job queues
+meanwhile (loader settings, events) wait for the next pass: none is needed
+sooner while steps flow, and every one of them goes out once they stop.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from trainmedic.channel.client import ChannelClient
+    from trainmedic.channel.ring import RingWriter
     from trainmedic.channel.wire import ProbeMessage
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.env import ProbeConfig
@@ -50,6 +62,7 @@ if TYPE_CHECKING:
     from trainmedic.probe.parts import Parts
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam, HookState
+    from trainmedic.probe.steprings import RingSteps
     from trainmedic.probe.steps import StepDraft, StepTracker
 
 FLUSH_S = 0.25
@@ -57,6 +70,9 @@ FLUSH_S = 0.25
 STEADY_S = 1.0
 """Seconds between two passes while the job makes progress: step records reach the
 supervisor up to this late (each carries its own time), events too."""
+QUIET_S = 5.0
+"""Seconds the probe's thread sleeps while steps flow through the ring and nothing
+else is queued: its one routine pass (a heartbeat, the forward watch's routine look)."""
 HEARTBEAT_S = 1.0
 """Seconds between two heartbeats."""
 FIRST_CONNECT_DELAY_S = 0.2
@@ -147,6 +163,10 @@ class ProbeAgent:
     _forward_mark: tuple[int, int, int, float, bool, tuple[int, int, bool] | None]
     _progress_seen: tuple[int, int] | None  # (work, steps) at the last pass
     _next_heartbeat: float  # time.monotonic() of the next heartbeat
+    ring: RingSteps | None  # steps go to shared memory (the supervisor took the ring)
+    _ring_offer: RingWriter | None  # offered with the hello, not yet answered
+    quiet: bool  # the probe's thread sleeps on the connection (only then is it woken)
+    _wake_fds: tuple[int, int] | None  # the pipe that wakes a quiet thread
 
     _dump_stacks: Callable[[], None]  # ProbeIncidents
     emit: Callable[[ProbeMessage], None]  # Probe
@@ -169,7 +189,11 @@ class ProbeAgent:
                 if self.step_stats is None:
                     self.step_stats = StepStats()
                 policy = MainPolicy(
-                    self.step_stats, self._waiting_since, self.clock, self._train_steps
+                    self.step_stats,
+                    self._waiting_since,
+                    self.clock,
+                    self._train_steps,
+                    pull=self._pull_ring_totals,
                 )
             self.sampler = StackSampler(
                 targets=self._stack_targets,
@@ -200,6 +224,15 @@ class ProbeAgent:
             return [(ident, "self")]
         return []
 
+    def _pull_ring_totals(self) -> None:
+        """Bring the stack sampler's step statistics up to date with the steps the
+        training thread wrote into the ring (the sampler's thread calls this)."""
+        ring, stats = self.ring, self.step_stats
+        if ring is not None and stats is not None:
+            duration, wait, steps = ring.take_totals()
+            if steps:
+                stats.add(duration, wait, steps)
+
     def _train_steps(self) -> int:
         tracker = self.tracker
         return 0 if tracker is None else tracker.train_steps
@@ -229,7 +262,10 @@ class ProbeAgent:
                 wait = self._agent_pass(stopping)
                 if stopping or self.failed:
                     return
-                stop.wait(wait)
+                if wait >= QUIET_S:
+                    self._quiet_wait(wait)
+                else:
+                    stop.wait(wait)
         except Exception:
             # The channel code itself failed (an interpreter shutting down, say):
             # stop reporting; the job goes on.
@@ -242,17 +278,29 @@ class ProbeAgent:
 
     def _agent_pass(self, stopping: bool) -> float:
         """One pass of the probe's thread; returns the seconds until the next one:
-        :data:`STEADY_S` when the job made progress since the last pass, else
+        :data:`QUIET_S` when the job made progress since the last pass and its steps
+        go through the ring, :data:`STEADY_S` when it made progress otherwise, else
         :data:`FLUSH_S` (and only then is the training thread sampled for liveness)."""
+        if self._ring_offer is not None or self.ring is not None:
+            self._read_supervisor()
         now = time.monotonic()
         seen, progress = self._progress_seen, self._progress()
         self._progress_seen = progress
         steady = seen is not None and progress is not None and progress != seen
+        # Quiet only while steps flow: the supervisor wakes the thread when the ring
+        # stops, and work without steps (an evaluation) needs its heartbeats each second.
+        quiet = (
+            steady
+            and self.ring is not None
+            and seen is not None
+            and progress is not None
+            and progress[1] != seen[1]
+        )
         if not stopping and not steady:
             self._sample_main()
         if not stopping and now >= self._next_heartbeat:
             self._next_heartbeat = now + HEARTBEAT_S
-            self._heartbeat()
+            self._heartbeat(top_up=not quiet)
         if self.dump_requested:
             self.dump_requested = False
             self._dump_stacks()
@@ -261,7 +309,108 @@ class ProbeAgent:
         if not stopping and not self.failed:
             self._watch_forward(now)
             self._wake_detail()
+        if quiet:
+            return QUIET_S
         return STEADY_S if steady else FLUSH_S
+
+    # --- the quiet thread ------------------------------------------------------------------------
+
+    def _quiet_wait(self, timeout: float) -> None:
+        """Sleep on the connection and the wake pipe for up to ``timeout`` seconds."""
+        import select  # here: the probe's thread, off the job's start-up
+
+        client = self.client
+        sock = None if client is None else client.fileno()
+        fds = self._wake_pipe()
+        if sock is None or fds is None:
+            self._stop.wait(timeout)
+            return
+        self.quiet = True
+        try:
+            # Checked after ``quiet`` is set: whatever comes later wakes the pipe.
+            if self.dump_requested or self._stop.is_set():
+                return
+            ready, _, _ = select.select([sock, fds[0]], [], [], timeout)
+        finally:
+            self.quiet = False
+        if fds[0] in ready:
+            try:
+                while os.read(fds[0], 64):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+
+    def _wake_pipe(self) -> tuple[int, int] | None:
+        fds = self._wake_fds
+        if fds is None:
+            try:
+                fds = self._wake_fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            except (AttributeError, OSError):
+                return None
+        return fds
+
+    def wake(self) -> None:
+        """Wake the probe's thread if it sleeps quietly (any thread, a signal handler too)."""
+        fds = self._wake_fds
+        if fds is not None and self.quiet:
+            try:  # noqa: SIM105 - plain try in a signal handler's path, no context manager
+                os.write(fds[1], b"w")
+            except OSError:
+                pass  # full: it is being woken already
+
+    def _read_supervisor(self) -> None:
+        """Take in what the supervisor sent: its answer to the ring offer, wake-ups."""
+        client = self.client
+        data = None if client is None else client.receive()
+        if data is None:
+            return
+        if not data:  # the supervisor closed the connection: it is gone
+            self.failed = True
+            self.outbox.clear()
+            self._go_quiet()
+            return
+        from trainmedic.channel.wire import RING_REFUSED, RING_TAKEN, WAKE
+
+        offer = self._ring_offer
+        if offer is not None and RING_TAKEN in data:
+            from trainmedic.probe.steprings import RingSteps
+
+            self._ring_offer = None
+            self.ring = RingSteps(offer, self.wall_offset, self.outbox)
+        elif offer is not None and RING_REFUSED in data:
+            self._ring_offer = None
+        if WAKE in data:
+            # The ring stopped: sample and send heartbeats as in any silence, from now.
+            self._progress_seen = None
+            self._next_heartbeat = 0.0
+
+    def _offer_ring(self, hello: bytes) -> bool:
+        """Send the hello with a new step ring when the channel can pass it; ``True``
+        when it went (the answer comes later), ``False`` to send the hello as a line."""
+        from trainmedic.channel import ring
+
+        part = self.parts["ring"]
+        client = self.client
+        if (
+            not part.on
+            or client is None
+            or self.role == "worker"  # DataLoader workers end no steps
+            or not self.config.address.startswith("unix:")
+            or not ring.available()
+        ):
+            return False
+        try:
+            part.check()
+            writer = ring.RingWriter()
+        except Exception as exc:
+            part.fail(exc)
+            return False
+        assert writer.fd is not None
+        sent = client.send_fd(hello, writer.fd)
+        writer.close_fd()
+        if sent:
+            self._ring_offer = writer
+        return sent
 
     def _progress(self) -> tuple[int, int] | None:
         """The training thread's (work, steps) counts; ``None`` without a step tracker."""
@@ -336,7 +485,9 @@ class ProbeAgent:
         except Exception as exc:
             self.detail_failed(exc)
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, top_up: bool = True) -> None:
+        """Queue a heartbeat; ``top_up``: take the liveness samples it needs (not while
+        steps flow through the ring: the samples matter only in a silence)."""
         part = self.parts["heartbeat"]
         if not part.on:
             return
@@ -354,7 +505,8 @@ class ProbeAgent:
                 main_frame(ident), HEARTBEAT_FRAMES, _short_name
             )
             samples = self._liveness_samples()
-            samples.top_up(HEARTBEAT_MIN_SAMPLES)
+            if top_up:
+                samples.top_up(HEARTBEAT_MIN_SAMPLES)
             counts = samples.take()
             tracker = self.tracker
             self.outbox.append(
@@ -379,7 +531,7 @@ class ProbeAgent:
         except Exception as exc:
             part.fail(exc)
 
-    def _hello_line(self) -> bytes:
+    def _hello_line(self, ring: bool = False) -> bytes:
         from trainmedic.channel.wire import Hello, encode_message
 
         hello = Hello(
@@ -395,6 +547,7 @@ class ProbeAgent:
             node=os.uname().nodename,
             node_rank=_env_int("GROUP_RANK"),
             world_size=_env_int("WORLD_SIZE"),
+            ring=ring,
         )
         return encode_message(hello, token=self.config.token)
 
@@ -414,7 +567,13 @@ class ProbeAgent:
         chunks: list[bytes] = []
         if self._hello_due:
             self._hello_due = False
-            chunks.append(self._hello_line())
+            if not self._offer_ring(self._hello_line(ring=True)):
+                if self.client.failed is not None:
+                    self.failed = True
+                    self.outbox.clear()
+                    self._go_quiet()
+                    return
+                chunks.append(self._hello_line())
         outbox = self.outbox
         steps = StepLines(self.pid, self.rank, self.wall_offset, chunks)
         while True:
@@ -453,6 +612,7 @@ class ProbeAgent:
         part off, so each hook costs one attribute read and the job pays nothing more."""
         for part in self.parts.by_name.values():
             part.on = False
+        self.ring = None
         sampler, self.sampler = self.sampler, None
         if sampler is not None:
             try:

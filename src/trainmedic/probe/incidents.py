@@ -43,6 +43,7 @@ class ProbeIncidents:
     stack_dumps: StackDumps | None
 
     emit: Callable[[ProbeMessage], None]  # Probe
+    wake: Callable[[], None]  # ProbeAgent
 
     # --- forensics -------------------------------------------------------------------------------
 
@@ -63,8 +64,9 @@ class ProbeIncidents:
             part.fail(exc)
 
     def _request_dump(self) -> None:
-        # Runs inside a signal handler: set a flag, nothing else.
+        # Runs inside a signal handler: set a flag and wake the probe's thread.
         self.dump_requested = True
+        self.wake()
 
     def _dump_stacks(self) -> None:
         part = self.parts["forensics"]

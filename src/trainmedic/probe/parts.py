@@ -28,6 +28,7 @@ PART_NAMES = (
     "forensics",  # stacks on demand when the supervisor declares a hang
     "keras",  # Keras and TensorFlow: fit's steps and phases, tf.data wait (probe.keras_hooks)
     "sending",  # the probe's thread and what it sends; off: the hooks alone (benchmarks)
+    "ring",  # steps through shared memory (off: as lines from the probe's thread)
 )
 
 

@@ -32,6 +32,7 @@ incidents it serves are modules of their own.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from trainmedic.channel.client import ChannelClient
+    from trainmedic.channel.ring import RingWriter
     from trainmedic.channel.wire import ProbeMessage, TorchInfo
     from trainmedic.probe.detail import DetailSwitch
     from trainmedic.probe.forensics import StackDumps
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from trainmedic.probe.profile_window import ProfileWindow
     from trainmedic.probe.sampling import StackSampler, StepStats
     from trainmedic.probe.seams import ForwardSeam
+    from trainmedic.probe.steprings import RingSteps
     from trainmedic.probe.steps import StepDraft, StepTracker
     from trainmedic.probe.tf_function_steps import FunctionSteps
     from trainmedic.probe.tf_pipelines import Pipelines
@@ -134,6 +137,11 @@ class Probe(ProbeAgent, ProbeIncidents):
         # (benchmarks/overhead.py --split); the run records no steps.
         self.failed = not self.parts["sending"].on
         self.sampler: StackSampler | None = None
+        # Steps go to shared memory once the supervisor took the ring (probe.agent).
+        self.ring: RingSteps | None = None
+        self._ring_offer: RingWriter | None = None
+        self.quiet = False
+        self._wake_fds: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._agent: threading.Thread | None = None
         self._agent_lock = threading.Lock()
@@ -193,6 +201,14 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.failed = not self.parts["sending"].on
         self.outbox = deque()
         self.dropped = 0
+        # The parent's ring and wake pipe are the parent's: this process gets its own.
+        self.ring = None
+        self._ring_offer = None
+        self.quiet = False
+        fds, self._wake_fds = self._wake_fds, None
+        for fd in fds or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self._stop = threading.Event()
         self._agent = None
         self._agent_lock = threading.Lock()
@@ -242,6 +258,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         if self.sampler is not None:
             self.sampler.stop()
         self._stop.set()
+        self.wake()
         agent = self._agent
         if agent is not None and agent.is_alive() and agent is not threading.current_thread():
             agent.join(EXIT_JOIN_S)
@@ -421,6 +438,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         # Called inside the job's first step on CUDA (trainmedic.probe.cuda), perhaps
         # while dynamo traces it: nothing is read here, the probe's thread does it.
         self._cuda_info_due = True
+        self.wake()
 
     def _send_cuda_info(self) -> None:
         """Queue the TorchInfo of a job that initialised CUDA (devices, architectures,
@@ -463,8 +481,13 @@ class Probe(ProbeAgent, ProbeIncidents):
                 window.step_ended(draft)
             except Exception as exc:
                 self._profile_failed(exc)
+        ring = self.ring
         if self.cuda is not None:
             self.cuda.add(draft)
+        elif ring is not None:
+            ring.append(draft)
+            if not self.state.loader_used and self.sampler is None:
+                self.step_marked()
         elif not self.failed and len(self.outbox) < MAX_OUTBOX:
             self.outbox.append(draft)  # no CUDA timing to pair with it: no tuple to make
             if not self.state.loader_used and self.sampler is None:
@@ -473,13 +496,18 @@ class Probe(ProbeAgent, ProbeIncidents):
             self.dropped += 1
         if detail is not None and not detail.on and window is None and not self.failed:
             try:  # the next steps of a gap end in the tracker alone (probe.steps.GapSteps)
-                detail.arm_gap(self.outbox, MAX_OUTBOX)
+                detail.arm_gap(self.outbox if ring is None else ring, MAX_OUTBOX)
             except Exception as exc:
                 self.detail_failed(exc)
 
     def _finish_step(self, draft: StepDraft, timing: Any, alloc: Any) -> None:
-        # The record is built by the background thread: the training thread only queues.
-        if not self.failed and len(self.outbox) < MAX_OUTBOX:
+        # Into the ring, or queued for the background thread to build the record.
+        ring = self.ring
+        if ring is not None:
+            ring.add(draft, timing, alloc)
+            if not self.state.loader_used and self.sampler is None:
+                self.step_marked()
+        elif not self.failed and len(self.outbox) < MAX_OUTBOX:
             self.outbox.append((draft, timing, alloc))
             if not self.state.loader_used and self.sampler is None:
                 self.step_marked()

@@ -155,6 +155,8 @@ class MainPolicy:
         clock: the clock of ``waiting_since``.
         steps: the training steps taken so far (the tracker's count), to tell steps
             shorter than :data:`FIRST_S` before their statistics are known.
+        pull: brings ``stats`` up to date, called before each period is worked out
+            (steps written into the shared-memory ring never pass the probe's thread).
     """
 
     def __init__(
@@ -163,8 +165,10 @@ class MainPolicy:
         waiting_since: Callable[[], float | None],
         clock: Callable[[], float],
         steps: Callable[[], int] | None = None,
+        pull: Callable[[], None] | None = None,
     ) -> None:
         self._stats = stats
+        self._pull = pull
         self._waiting_since = waiting_since
         self._clock = clock
         self._steps = steps
@@ -202,6 +206,8 @@ class MainPolicy:
         if last_state is not None:
             self.taken += 1
             self._states[last_state] = self._states.get(last_state, 0) + 1
+        if self._pull is not None:
+            self._pull()
         stats = self._stats
         if not stats.known:
             # Steps are known only from the probe's first send (0.2-0.5 s in): a run

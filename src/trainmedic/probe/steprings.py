@@ -1,0 +1,127 @@
+"""Finished steps written into the shared-memory ring, on the training thread.
+
+Once the supervisor has taken the probe's ring (:mod:`trainmedic.channel.ring`),
+each step the training thread ends is written there at once instead of
+queued for the probe's thread: that thread then has nothing to do while the
+job makes progress, and sleeps until the supervisor, the job's exit or a
+message wakes it (:mod:`trainmedic.probe.agent`). The fields are the ones
+:class:`~trainmedic.probe.steplines.StepLines` puts in a ``steps`` line.
+
+A step the ring cannot hold (a source or phase name past its name table, a
+value past a record's fields) goes to the outbox as before.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from trainmedic.channel.ring import NONE
+
+TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
+if TYPE_CHECKING:
+    from collections import deque
+    from typing import Any
+
+    from trainmedic.channel.ring import RingWriter
+    from trainmedic.probe.segments import StepDraft
+
+_NAN = float("nan")
+
+
+class RingSteps:
+    """Writes each finished step into ``writer`` (one writing thread at a time).
+
+    Also keeps running totals of the train steps' durations and data waits,
+    which the stack sampler's :class:`~trainmedic.probe.sampling.StepStats`
+    takes up (:meth:`take_totals`).
+
+    Args:
+        writer: the ring.
+        wall_offset: Unix time minus the probe clock, seconds.
+        overflow: where a step goes that the ring cannot name (the outbox).
+    """
+
+    __slots__ = ("_codes", "_taken", "overflow", "train_s", "train_steps", "wait_s", "wall_offset",
+                 "writer")  # fmt: skip
+
+    def __init__(self, writer: RingWriter, wall_offset: float, overflow: deque[Any]) -> None:
+        self.writer = writer
+        self.wall_offset = wall_offset
+        self.overflow = overflow
+        self._codes: dict[str, int] = {}
+        self.train_s = 0.0
+        """Summed duration of the train steps written, seconds."""
+        self.wait_s = 0.0
+        """Summed data wait of the train steps written, seconds."""
+        self.train_steps = 0
+        self._taken = (0.0, 0.0, 0)
+
+    def __len__(self) -> int:
+        """Never full: the ring overwrites what the supervisor did not read (as
+        ``GapSteps.out`` it then always has room)."""
+        return 0
+
+    def append(self, draft: StepDraft) -> None:
+        """A step without CUDA timing or allocator reading (the outbox's form)."""
+        self.add(draft, None, None)
+
+    def add(self, draft: StepDraft, timing: Any, alloc: Any) -> None:
+        """Write one finished step (with its CUDA timing and allocator reading, if any)."""
+        codes = self._codes
+        source = codes.get(draft.source)
+        phase = codes.get(draft.phase)
+        if source is None or phase is None:
+            source, phase = self._code(draft.source), self._code(draft.phase)
+            if source is None or phase is None:
+                self.overflow.append((draft, timing, alloc))
+                return
+        _, duration, outside, data_wait, compute = draft.times()
+        gpu_time = _NAN
+        if timing is not None:
+            if timing.gpu_time_s is not None:
+                gpu_time = timing.gpu_time_s
+            idle = timing.idle_before_s
+            if draft.loader_fetches == 0 and compute is not None and idle is not None:
+                # The GPU's idle gap before the step, not host time spent in a sync.
+                data_wait = min(outside, idle)
+        samples = draft.samples
+        autocast = draft.autocast
+        if alloc is None:
+            peak = reserved = retries = ooms = NONE
+        else:
+            peak, reserved, retries, ooms = (
+                _count(alloc.alloc_peak_bytes), _count(alloc.reserved_peak_bytes),
+                _count(alloc.alloc_retries), _count(alloc.ooms),
+            )  # fmt: skip
+        try:
+            self.writer.write(
+                draft.step, draft.t_end + self.wall_offset, duration, data_wait,
+                _NAN if compute is None else compute, gpu_time,
+                NONE if samples is None else samples, peak, reserved, retries, ooms,
+                source, phase, NONE if autocast is None else int(autocast),
+            )  # fmt: skip
+        except (struct.error, TypeError, ValueError, OverflowError):
+            # A value the record cannot hold (a count past 2**63, a float where a
+            # count goes): the step goes as a line, which holds anything JSON does.
+            self.overflow.append((draft, timing, alloc))
+            return
+        if draft.phase == "train":
+            self.train_s += duration
+            self.wait_s += data_wait
+            self.train_steps += 1
+
+    def _code(self, name: str) -> int | None:
+        code = self.writer.code(name)
+        if code is not None:
+            self._codes[name] = code
+        return code
+
+    def take_totals(self) -> tuple[float, float, int]:
+        """(duration s, data wait s, train steps) added since the last call (one caller)."""
+        now = (self.train_s, self.wait_s, self.train_steps)
+        last, self._taken = self._taken, now
+        return now[0] - last[0], now[1] - last[1], now[2] - last[2]
+
+
+def _count(value: int | None) -> int:
+    return NONE if value is None else value
