@@ -232,17 +232,24 @@ def client_fd(client: ChannelClient) -> int:
     return fd
 
 
+def ring_taken(server: ChannelServer) -> tuple[ring.RingWriter, ChannelClient, int, int]:
+    """A ring handed over with a hello and taken; its writer, the connection, and the
+    codes of ``optimizer`` and ``train``."""
+    writer = ring.RingWriter(64)
+    client = ChannelClient(server.address)
+    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
+    writer.close_fd()  # the server has its own copy; the mapping stays
+    assert read_answer(client) == RING_TAKEN
+    source, phase = writer.code("optimizer"), writer.code("train")
+    assert source is not None and phase is not None
+    return writer, client, source, phase
+
+
 @pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
 def test_steps_written_into_a_ring_reach_the_consumer_before_later_lines(
     server: ChannelServer, collector: Collector
 ) -> None:
-    writer = ring.RingWriter(64)
-    client = ChannelClient(server.address)
-    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
-    writer.close_fd()
-    assert read_answer(client) == RING_TAKEN
-    source, phase = writer.code("optimizer"), writer.code("train")
-    assert source is not None and phase is not None
+    writer, client, source, phase = ring_taken(server)
     for n in (1, 2, 3):
         writer.write(n, 10.0 + n, 0.1, 0.01, 0.05, math.nan, 8, -1, -1, -1, -1, source, phase, 0)
     # A line sent after the steps were written comes after them.
@@ -263,12 +270,7 @@ def test_steps_written_into_a_ring_reach_the_consumer_before_later_lines(
 def test_a_ring_that_stops_moving_wakes_its_probe_once(
     server: ChannelServer, collector: Collector
 ) -> None:
-    writer = ring.RingWriter(64)
-    client = ChannelClient(server.address)
-    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
-    assert read_answer(client) == RING_TAKEN
-    source, phase = writer.code("optimizer"), writer.code("train")
-    assert source is not None and phase is not None
+    writer, client, source, phase = ring_taken(server)
     writer.write(1, 1.0, 0.1, 0.0, math.nan, math.nan, -1, -1, -1, -1, -1, source, phase, -1)
     collector.wait_for(2)
     assert read_answer(client) == WAKE  # after WAKE_AFTER_S without a step
@@ -321,12 +323,7 @@ def test_a_descriptor_from_a_connection_without_the_token_is_closed(
 def test_a_ring_of_long_steps_wakes_its_probe_only_after_two_of_them(
     server: ChannelServer, collector: Collector
 ) -> None:
-    writer = ring.RingWriter(64)
-    client = ChannelClient(server.address)
-    assert writer.fd is not None and client.send_fd(ring_hello(), writer.fd)
-    assert read_answer(client) == RING_TAKEN
-    source, phase = writer.code("optimizer"), writer.code("train")
-    assert source is not None and phase is not None
+    writer, client, source, phase = ring_taken(server)
 
     def step(n: int, t: float) -> None:
         writer.write(n, t, 0.5, 0.0, math.nan, math.nan, -1, -1, -1, -1, -1, source, phase, -1)
@@ -341,3 +338,17 @@ def test_a_ring_of_long_steps_wakes_its_probe_only_after_two_of_them(
     # moved after ``written``, and the wake-up comes 1 s after that at the soonest.)
     assert time.monotonic() - written >= 2 * 0.5 > WAKE_AFTER_S
     client.close()
+
+
+@pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
+def test_steps_written_just_before_the_process_ends_are_read(
+    server: ChannelServer, collector: Collector
+) -> None:
+    writer, client, source, phase = ring_taken(server)
+    for n in range(1, 6):
+        writer.write(n, float(n), 0.1, 0.0, math.nan, math.nan, -1, -1, -1, -1, -1, source,
+                     phase, -1)  # fmt: skip
+    client.close()  # the process is gone before the next read of the ring
+    steps = [m for m in collector.wait_for(6) if isinstance(m, StepRecord)]
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5]
+    assert server.wait_idle(5)

@@ -137,12 +137,13 @@ def test_while_steps_flow_through_the_ring_the_probes_thread_sleeps_and_samples_
     probe._agent_pass(stopping=False)
     assert received.heartbeats(1)[0].samples >= 3  # start-up: topped up
     samples.clear()
-    probe._next_heartbeat = 0.0
     train_step(tracker, 1.0)
     assert probe._agent_pass(stopping=False) == QUIET_S
     assert samples == []
-    # The one heartbeat of the pass takes no liveness sample: they matter in a silence only.
-    assert received.heartbeats(2)[1].samples == 0
+    # The pass that turns quiet sends a heartbeat at once (it tells the supervisor the
+    # process trains), and takes no liveness sample: they matter in a silence only.
+    beat = received.heartbeats(2)[1]
+    assert (beat.samples, beat.steps) == (0, 1)
     # The stack sampler's statistics follow the ring's steps.
     probe._pull_ring_totals()
     assert probe.step_stats is not None and probe.step_stats.step_s == pytest.approx(0.03)

@@ -110,3 +110,20 @@ def test_channel_problems_become_events() -> None:
     router.on_problem("channel: refused a connection without the run token")
     ((_, event),) = sink.got
     assert (event.kind, event.t) == ("channel_error", 9.0)
+
+
+def test_a_process_that_sent_a_train_step_is_a_training_process_without_a_heartbeat() -> None:
+    from trainmedic.supervise.observe.observers import _roles
+    from trainmedic.supervise.observe.threads import ROLE_TRAIN
+
+    table = ProcessTable()
+    router = MessageRouter([ListSink()], table, wall=lambda: 9.0)  # type: ignore[list-item]
+    for pid in (5, 6):
+        router.on_message(make_hello(pid))
+    # Its heartbeats may be seconds apart while its steps flow through the ring.
+    router.on_message(StepRecord(step=1, t=2.0, duration_s=0.1, pid=6, phase="eval"))
+    assert _roles(table) == {}  # an evaluation's steps alone say nothing of training
+    router.on_message(StepRecord(step=1, t=2.0, duration_s=0.1, pid=5))
+    assert _roles(table) == {5: ROLE_TRAIN}
+    state = table.get(5)
+    assert state is not None and state.trains and state.last_heartbeat is None

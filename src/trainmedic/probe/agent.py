@@ -166,6 +166,7 @@ class ProbeAgent:
     ring: RingSteps | None  # steps go to shared memory (the supervisor took the ring)
     _ring_offer: RingWriter | None  # offered with the hello, not yet answered
     quiet: bool  # the probe's thread sleeps on the connection (only then is it woken)
+    _was_quiet: bool  # the last pass returned QUIET_S
     _wake_fds: tuple[int, int] | None  # the pipe that wakes a quiet thread
 
     _dump_stacks: Callable[[], None]  # ProbeIncidents
@@ -298,6 +299,11 @@ class ProbeAgent:
         )
         if not stopping and not steady:
             self._sample_main()
+        if quiet and not self._was_quiet:
+            # The last heartbeat for a while: the one that tells the supervisor this
+            # process trains (its thread sampler reads training threads only).
+            self._next_heartbeat = 0.0
+        self._was_quiet = quiet
         if not stopping and now >= self._next_heartbeat:
             self._next_heartbeat = now + HEARTBEAT_S
             self._heartbeat(top_up=not quiet)

@@ -141,6 +141,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.ring: RingSteps | None = None
         self._ring_offer: RingWriter | None = None
         self.quiet = False
+        self._was_quiet = False
         self._wake_fds: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._agent: threading.Thread | None = None
@@ -205,6 +206,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self.ring = None
         self._ring_offer = None
         self.quiet = False
+        self._was_quiet = False
         fds, self._wake_fds = self._wake_fds, None
         for fd in fds or ():
             with contextlib.suppress(OSError):

@@ -173,7 +173,7 @@ def _roles(table: ProcessTable) -> dict[int, str]:
     for pid, state in table.snapshot().items():
         if state.hello.role == "worker":
             roles[pid] = ROLE_WORKER
-        elif state.last_heartbeat is not None and state.last_heartbeat.steps > 0:
+        elif state.trains or (state.last_heartbeat is not None and state.last_heartbeat.steps > 0):
             roles[pid] = ROLE_TRAIN
     return roles
 

@@ -31,6 +31,8 @@ class ProcessState:
         exited_at: Unix time of its goodbye, ``None`` while it runs (or if it died).
         heartbeat_received: Unix time the latest heartbeat arrived (its ``t`` is
             when it was sent: the difference is its time in transit).
+        trains: whether a train step of it arrived (its heartbeats may be seconds
+            apart while its steps flow through the shared-memory ring).
     """
 
     hello: Hello
@@ -38,6 +40,7 @@ class ProcessState:
     last_heartbeat: Heartbeat | None = None
     exited_at: float | None = None
     heartbeat_received: float | None = None
+    trains: bool = False
 
 
 class ProcessTable:
@@ -128,6 +131,7 @@ class MessageRouter:
         self.sinks = sinks
         self.table = table
         self._wall = wall
+        self._training: set[int] = set()  # pids a train step came from (channel thread)
 
     # --- sampler readings -------------------------------------------------------------------
 
@@ -149,6 +153,9 @@ class MessageRouter:
         if isinstance(message, StepRecord):
             for s in self.sinks:
                 s.add_step(message)
+            if message.pid not in self._training and message.phase == "train":
+                self._training.add(message.pid)
+                self.table.update(message.pid, trains=True)
         elif isinstance(message, Heartbeat):
             self.table.update(message.pid, last_heartbeat=message, heartbeat_received=self._wall())
         elif isinstance(message, LoaderActivity):
