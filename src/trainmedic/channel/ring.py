@@ -215,13 +215,13 @@ class RingReader:
                 self._names[code] = name
         return name
 
-    def drain(self, limit: int | None = None) -> list[StepRecord]:
-        """The records written since the last call (at most ``limit``), oldest first."""
+    def drain(self) -> list[StepRecord]:
+        """The records written since the last call, oldest first."""
         from trainmedic.record.types import StepRecord
 
         view, capacity, unpack = self._map, self.capacity, RECORD.unpack_from
         out: list[StepRecord] = []
-        while limit is None or len(out) < limit:
+        while True:
             expected = self.read + 1
             at = _RECORDS_AT + ((expected - 1) % capacity) * _RECORD_BYTES
             values = unpack(view, at)
