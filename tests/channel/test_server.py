@@ -352,3 +352,30 @@ def test_steps_written_just_before_the_process_ends_are_read(
     steps = [m for m in collector.wait_for(6) if isinstance(m, StepRecord)]
     assert [s.step for s in steps] == [1, 2, 3, 4, 5]
     assert server.wait_idle(5)
+
+
+@pytest.mark.skipif(not ring.available(), reason="no memfd_create here")
+def test_a_taken_ring_is_announced_with_a_sender_that_stops_at_the_drop(
+    tmp_path: Path, collector: Collector
+) -> None:
+    announced: list[tuple[int, object]] = []
+    got = threading.Event()
+
+    def on_ring(pid: int, sender: object) -> None:
+        announced.append((pid, sender))
+        got.set()
+
+    srv = ChannelServer(tmp_path, "tok", collector.add, collector.problems.append, on_ring=on_ring)
+    srv.start()
+    try:
+        _writer, client, _source, _phase = ring_taken(srv)
+        assert got.wait(5.0)
+        pid, sender = announced[0]
+        assert pid == 100 and callable(sender)
+        assert sender(b"S") is True
+        assert read_answer(client) == b"S"
+        client.close()
+        assert srv.wait_idle(5.0)
+        assert sender(b"s") is False  # the connection is gone: nothing is sent
+    finally:
+        srv.close()

@@ -125,6 +125,23 @@ def test_heavy_transform_with_zero_workers_is_named_first(tmp_path: Path) -> Non
     assert ev["spare_cores"] >= 0.5  # a core is left for a worker
     assert "num_workers=" in run.first["fix"]
     assert judge(BY_NAME["cpu-transform-w0"], run.findings).result == "match"
+    # The supervisor sampled the waits from outside (py-spy), the probe's sampler rested.
+    events = [json.loads(line) for line in (run.run_dir / "events.jsonl").read_text().splitlines()]
+    outside = [e["data"] for e in events if e["kind"] == "stacks_outside"]
+    assert [d["state"] for d in outside] == ["outside", "usage"], outside
+    assert outside[-1]["wait_samples"] >= 20 and outside[-1]["cpu_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_probes_own_sampler_names_the_same_cause_when_outside_sampling_is_off(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "TRAINMEDIC_PROBE_DISABLE": "outside_stacks"}
+    run = run_job(tmp_path, "augment_no_workers.py", "--steps", "60", env=env)
+    ev = assert_first(run, "input.workers", "framework_config")
+    assert ev["loader_transform_share"] >= 0.9
+    events = (run.run_dir / "events.jsonl").read_text()
+    assert '"stacks_outside"' not in events
 
 
 # --- slow: longer runs ------------------------------------------------------------------------

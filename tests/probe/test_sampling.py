@@ -249,3 +249,55 @@ def test_steps_shorter_than_the_first_period_are_sampled_faster_at_first() -> No
     for _ in range(FIRST_SAMPLES):
         policy.period("python")
     assert policy.period("python") == FAST_S
+
+
+def test_a_sampler_on_standby_sleeps_until_woken_and_then_samples_again() -> None:
+    outside = [True]
+    asked = threading.Event()
+    sampled = threading.Event()
+    flushed: list[object] = []
+    rested = threading.Event()
+
+    def emit(record: object) -> None:
+        flushed.append(record)
+        rested.set()
+
+    def standby() -> bool:
+        asked.set()
+        return outside[0]
+
+    def targets() -> list[tuple[int, str]]:
+        sampled.set()
+        return []
+
+    sampler = StackSampler(
+        targets, emit, lambda exc: None, pid=1, period=lambda _last: 0.0,
+        standby=standby,
+    )  # fmt: skip
+    sampler.aggregate.add_classified("transform", "t.py:1 f")  # counted before the hand-over
+    sampler.start()
+    assert asked.wait(10) and rested.wait(10)
+    thread = sampler.thread
+    assert thread is not None
+    # Asleep on the wake event: a zero period would otherwise spin through targets().
+    assert not sampled.is_set() and sampler.wakeups == 0
+    assert len(flushed) == 1  # what it had counted went out before it rested
+    outside[0] = False
+    sampler.wake()
+    assert sampled.wait(10)
+    sampler.stop()
+    assert not thread.is_alive() and sampler.wakeups >= 1
+
+
+def test_a_sampler_on_standby_stops_at_once() -> None:
+    asked = threading.Event()
+
+    def standby() -> bool:
+        asked.set()
+        return True
+
+    sampler = StackSampler(lambda: [], lambda _r: None, lambda exc: None, pid=1, standby=standby)
+    sampler.start()
+    assert asked.wait(10)
+    sampler.stop()
+    assert sampler.thread is not None and not sampler.thread.is_alive()

@@ -59,6 +59,10 @@ silent between two of them, and its probe's thread need not wake at each."""
 
 MessageHandler = Callable[[ProbeMessage], None]
 ProblemHandler = Callable[[str], None]
+Sender = Callable[[bytes], bool]
+"""Sends bytes to one connection's probe; ``False`` once the connection is gone."""
+RingListener = Callable[[int, Sender], None]
+"""Told ``(pid, sender)`` when a process's ring is taken (from the server's thread)."""
 
 
 @dataclass
@@ -77,6 +81,8 @@ class _Connection:
     """The latest step's end (Unix s)."""
     step_s: float = 0.0
     """The recent time between two steps (a moving average), seconds."""
+    closed: bool = False
+    """Dropped: nothing more is sent on it."""
 
 
 class ChannelServer:
@@ -98,8 +104,11 @@ class ChannelServer:
         handler: MessageHandler,
         on_problem: ProblemHandler | None = None,
         use_unix: bool | None = None,
+        on_ring: RingListener | None = None,
     ) -> None:
         self._token = token
+        self._on_ring = on_ring
+        self._send_lock = threading.Lock()
         self._handler = handler
         self._on_problem = on_problem or (lambda _message: None)
         self._problems_seen: set[str] = set()
@@ -363,6 +372,26 @@ class ChannelServer:
                 self._problem("ring", f"channel: pid {hello.pid}'s step ring is unreadable: {exc}")
         with contextlib.suppress(OSError):
             conn.sock.send(answer, socket.MSG_DONTWAIT)
+        if answer == RING_TAKEN and self._on_ring is not None:
+            try:
+                self._on_ring(hello.pid, self._sender(conn))
+            except Exception as exc:  # a bug in a consumer must not stop the channel
+                self._problem("ring-listener", f"channel: {type(exc).__name__}: {exc}")
+
+    def _sender(self, conn: _Connection) -> Sender:
+        """Sends to ``conn`` from any thread, until it is dropped."""
+
+        def send(data: bytes) -> bool:
+            with self._send_lock:
+                if conn.closed:
+                    return False
+                try:
+                    conn.sock.send(data, socket.MSG_DONTWAIT)
+                except OSError:
+                    return False
+                return True
+
+        return send
 
     def _hand_on(self, messages: Iterable[ProbeMessage]) -> None:
         for one in messages:
@@ -378,8 +407,10 @@ class ChannelServer:
     def _drop(self, conn: _Connection) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(conn.sock)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
+        with self._send_lock:
+            conn.closed = True
+            with contextlib.suppress(OSError):
+                conn.sock.close()
         fd, conn.fd = conn.fd, None
         if fd is not None:
             with contextlib.suppress(OSError):

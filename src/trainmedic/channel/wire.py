@@ -59,6 +59,11 @@ RING_REFUSED = b"N"
 """The supervisor's answer to a hello with a ring it cannot read: send steps as lines."""
 WAKE = b"!"
 """The supervisor asks the probe's thread to look again: the ring stopped moving."""
+STACKS_OUTSIDE = b"S"
+"""The supervisor samples the process's stacks from outside (it read a first window):
+the probe's own stack sampler rests while the training thread reads a DataLoader."""
+STACKS_INSIDE = b"s"
+"""The supervisor stopped sampling from outside: the probe's sampler takes over again."""
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,7 @@ class ProbeAgent:
     ring: RingSteps | None  # steps go to shared memory (the supervisor took the ring)
     _ring_offer: RingWriter | None  # offered with the hello, not yet answered
     quiet: bool  # the probe's thread sleeps on the connection (only then is it woken)
+    stacks_outside: bool  # the supervisor samples the training thread's stacks itself
     _was_quiet: bool  # the last pass returned QUIET_S
     _wake_fds: tuple[int, int] | None  # the pipe that wakes a quiet thread
 
@@ -204,6 +205,7 @@ class ProbeAgent:
                 wall=self.wall,
                 check=part.check,
                 period=policy.period,
+                standby=None if self.role == "worker" else self._sampled_outside,
             )
             self.sampler.start()
         except Exception as exc:
@@ -224,6 +226,11 @@ class ProbeAgent:
         if not state.loader_used and tracker.started and not tracker.in_compute:
             return [(ident, "self")]
         return []
+
+    def _sampled_outside(self) -> bool:
+        """Whether the supervisor samples what this sampler would (the training thread
+        reads a DataLoader: its waits, and the pin-memory threads', are all it samples)."""
+        return self.stacks_outside and self.state.loader_used
 
     def _pull_ring_totals(self) -> None:
         """Bring the stack sampler's step statistics up to date with the steps the
@@ -375,7 +382,13 @@ class ProbeAgent:
             self.outbox.clear()
             self._go_quiet()
             return
-        from trainmedic.channel.wire import RING_REFUSED, RING_TAKEN, WAKE
+        from trainmedic.channel.wire import (
+            RING_REFUSED,
+            RING_TAKEN,
+            STACKS_INSIDE,
+            STACKS_OUTSIDE,
+            WAKE,
+        )
 
         offer = self._ring_offer
         if offer is not None and RING_TAKEN in data:
@@ -385,6 +398,13 @@ class ProbeAgent:
             self.ring = RingSteps(offer, self.wall_offset, self.outbox)
         elif offer is not None and RING_REFUSED in data:
             self._ring_offer = None
+        outside, inside = data.rfind(STACKS_OUTSIDE), data.rfind(STACKS_INSIDE)
+        if outside != inside:
+            # The later word counts: the supervisor samples from outside, or no longer.
+            self.stacks_outside = outside > inside and self.parts["outside_stacks"].on
+            sampler = self.sampler
+            if sampler is not None:
+                sampler.wake()
         if WAKE in data:
             # The ring stopped: sample and send heartbeats as in any silence, from now.
             self._progress_seen = None

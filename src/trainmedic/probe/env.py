@@ -108,5 +108,10 @@ def settings_problem(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def disabled_parts(environ: Mapping[str, str]) -> frozenset[str]:
+    """The part names :data:`DISABLE` switches off in ``environ`` (``all`` among them)."""
+    return _names(environ.get(DISABLE))
+
+
 def _names(raw: str | None) -> frozenset[str]:
     return frozenset(n.strip() for n in (raw or "").split(",") if n.strip())

@@ -29,6 +29,7 @@ PART_NAMES = (
     "keras",  # Keras and TensorFlow: fit's steps and phases, tf.data wait (probe.keras_hooks)
     "sending",  # the probe's thread and what it sends; off: the hooks alone (benchmarks)
     "ring",  # steps through shared memory (off: as lines from the probe's thread)
+    "outside_stacks",  # the supervisor samples the training thread's stacks (off: the probe)
 )
 
 

@@ -142,6 +142,8 @@ class Probe(ProbeAgent, ProbeIncidents):
         self._ring_offer: RingWriter | None = None
         self.quiet = False
         self._was_quiet = False
+        # The supervisor samples this process's stacks from outside (channel.wire).
+        self.stacks_outside = False
         self._wake_fds: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._agent: threading.Thread | None = None
@@ -207,6 +209,7 @@ class Probe(ProbeAgent, ProbeIncidents):
         self._ring_offer = None
         self.quiet = False
         self._was_quiet = False
+        self.stacks_outside = False
         fds, self._wake_fds = self._wake_fds, None
         for fd in fds or ():
             with contextlib.suppress(OSError):

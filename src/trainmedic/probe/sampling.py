@@ -259,6 +259,9 @@ class StackSampler:
         on_error: called with the exception when sampling fails; the thread stops.
         period: seconds until the next wake-up, given the state of the last
             stack sampled (``None`` when none was); a constant ``period_s`` without it.
+        standby: whether another sampler takes these samples now (the supervisor's,
+            from outside the process): the thread then sleeps until :meth:`wake`,
+            so that nothing of the probe wakes while steps flow.
         wall: Unix clock for the records' ``t``.
     """
 
@@ -274,6 +277,7 @@ class StackSampler:
         monotonic: Callable[[], float] = time.monotonic,
         check: Callable[[], None] | None = None,
         period: Callable[[str | None], float] | None = None,
+        standby: Callable[[], bool] | None = None,
     ) -> None:
         self._targets = targets
         self._emit = emit
@@ -284,6 +288,8 @@ class StackSampler:
         self._wall = wall
         self._monotonic = monotonic
         self._check = check
+        self._standby = standby
+        self._wake = threading.Event()
         self.aggregate = ActivityAggregate()
         self._cache = StackCache()
         self._helpers: HelperSampler | None = None
@@ -370,8 +376,13 @@ class StackSampler:
         if record is not None:
             self._emit(record)
 
+    def wake(self) -> None:
+        """Look again now whether to sample (the standby answer may have changed)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
@@ -379,8 +390,19 @@ class StackSampler:
 
     def _run(self) -> None:
         next_flush = self._monotonic() + self._flush_s
+        standby = self._standby
+        woken = self._wake
+        stop = self._stop
         try:
-            while not self._stop.wait(self._period(self.last_state)):
+            while not stop.is_set():
+                if standby is not None and standby():
+                    self.flush()  # what was counted before the outside sampler took over
+                    woken.wait()
+                    woken.clear()
+                    continue
+                if woken.wait(self._period(self.last_state)):
+                    woken.clear()
+                    continue
                 self.wakeups += 1
                 self.sample_once()
                 now = self._monotonic()

@@ -92,6 +92,9 @@ class EventKind(str, Enum):
     """The output keeper (the job's stdout/stderr copy) failed."""
     SUPERVISOR_ERROR = "supervisor_error"
     """The supervisor itself failed; the job went on without it."""
+    STACKS_OUTSIDE = "stacks_outside"
+    """A training process's stacks sampled by the supervisor from outside (py-spy): it
+    began, handed back to the probe's own sampler, could not, and what it cost."""
     SUPERVISOR_USAGE = "supervisor_usage"
     """The supervisor's own CPU and memory over the run."""
     RECORD_CAPPED = "record_capped"

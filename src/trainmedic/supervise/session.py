@@ -63,6 +63,7 @@ from trainmedic.supervise.loop.attempt_setup import (
 from trainmedic.supervise.loop.attempt_state import AttemptTracker, Listener
 from trainmedic.supervise.loop.attempts import AttemptLoop
 from trainmedic.supervise.observe.observers import Observers
+from trainmedic.supervise.observe.outside_stacks import OutsideStacks
 from trainmedic.supervise.observe.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.observe.samplers import SamplerThread
 from trainmedic.supervise.output.keeper import OutputKeeper
@@ -147,6 +148,7 @@ class RunSession:
         self.script: dict[str, Any] | None = None
         """The training script's identity as the job started (``script_facts``)."""
         self.environ = dict(os.environ if environ is None else environ)
+        self.outside: OutsideStacks | None = None
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
         self.wall = wall
@@ -221,6 +223,8 @@ class RunSession:
             become_subreaper()
             server.start()
             stack.callback(server.close)
+            if self.outside is not None:
+                stack.callback(self.outside.stop)
             keeper = self._start_keeper(server, router)
             if keeper is not None:
                 # Once the job runs, the keeper stays to carry its output on.
@@ -244,6 +248,8 @@ class RunSession:
             stops = loop.stops
             with forwarding_signals(stops, on_resize=lambda: stops.resize(self.stdout_fd)):
                 result = _supervise(loop, mux.notice, router.add_event, self.wall)
+                if self.outside is not None:
+                    self.outside.stop()
                 for o in observers:
                     o.stop()
                     router.add_event(o.census.event(self.wall(), probe=options.probe))
@@ -402,7 +408,14 @@ class RunSession:
             writer = RunRecordWriter(run_dir, guard=self.guard)
             writer.write_meta(meta)
             router = MessageRouter([writer, *sinks], self.table, self.wall)
-            server = ChannelServer(run_dir, token, router.on_message, router.on_problem)
+            self.outside = self._outside_stacks(router)
+            server = ChannelServer(
+                run_dir,
+                token,
+                router.on_message,
+                router.on_problem,
+                on_ring=None if self.outside is None else self.outside.ring_taken,
+            )
         except (OSError, RunDirectoryError) as exc:
             if writer is not None:
                 writer.close()
@@ -413,6 +426,16 @@ class RunSession:
             ) from None
         self.guard.reserve(run_dir)
         return writer, router, server
+
+    def _outside_stacks(self, router: MessageRouter) -> OutsideStacks | None:
+        """The sampler of the training processes' stacks from outside, unless the probe
+        is off or its stack parts are switched off (then nothing samples, or the probe)."""
+        from trainmedic.probe.env import disabled_parts
+
+        off = disabled_parts(self.environ) & {"all", "stacks", "ring", "outside_stacks"}
+        if not self.options.probe or off:
+            return None
+        return OutsideStacks(router.on_message, router.add_event, self.wall)
 
     def _start_keeper(self, server: ChannelServer, router: MessageRouter) -> OutputKeeper | None:
         """The output keeper (the job's output outlives a killed supervisor), or ``None``."""
