@@ -139,6 +139,8 @@ class Sample:
     supervisor_cpu_lifetime: float | None = None
     supervisor_reported: float | None = None
     probe_threads: float | None = None
+    outside_sampler: float | None = None
+    """py-spy's CPU sampling the job from outside (``stacks_outside``), share of a core."""
 
 
 @dataclass
@@ -223,6 +225,7 @@ def run_supervised(job_args: list[str], run_dir: Path, mode: Mode) -> Sample:
         supervisor_cpu_lifetime=last_cpu / wall,
         supervisor_reported=reported_usage(run_dir),
         probe_threads=probe_usage(run_dir),
+        outside_sampler=outside_usage(run_dir),
     )
 
 
@@ -238,6 +241,23 @@ def reported_usage(run_dir: Path) -> float | None:
             data = event.get("data", {})
             return float(data["cpu_s"]) / max(1e-9, float(data["wall_s"]))
     return None
+
+
+def outside_usage(run_dir: Path) -> float | None:
+    """py-spy's CPU seconds sampling the job from outside (event ``stacks_outside``,
+    state ``usage``) over the supervisor's wall seconds (``supervisor_usage``)."""
+    try:
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    except OSError:
+        return None
+    cpu = wall = None
+    for event in events:
+        data = event.get("data", {})
+        if event.get("kind") == "stacks_outside" and data.get("state") == "usage":
+            cpu = float(data["cpu_s"])
+        elif event.get("kind") == "supervisor_usage":
+            wall = float(data["wall_s"])
+    return None if cpu is None or not wall else cpu / wall
 
 
 def steps_for(model: str, threads: int, seconds: float) -> int:
@@ -397,13 +417,15 @@ def overhead_table(results: Results) -> list[str]:
     lifetime = median([s.supervisor_cpu_lifetime for s in sup])
     reported = median([s.supervisor_reported for s in sup])
     threads = median([s.probe_threads for s in sup])
+    outside = median([s.outside_sampler for s in sup])
     lines += [
         "",
         f"Supervisor CPU, % of one core: {_pct(during)} while the job runs (psutil), "
         f"{_pct(lifetime)} over its whole life (start-up, diagnosis, report), "
         f"{_pct(reported)} by its own account (`supervisor_usage`). The probe's own "
         f"threads in the job (sending, heartbeats, stack sampling): {_pct(threads)} "
-        "of one core (`process_exit` events).",
+        "of one core (`process_exit` events). py-spy sampling the job from outside "
+        f"(`stacks_outside`): {_pct(outside)} of one core.",
     ]
     if set(results.samples) - {m.name for m in MODES}:
         lines += ["", "Supervisor CPU while the job runs, per mode (median):", ""]

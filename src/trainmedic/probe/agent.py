@@ -436,6 +436,16 @@ class ProbeAgent:
         writer.close_fd()
         if sent:
             self._ring_offer = writer
+            fd = client.fileno()
+            if fd is not None and self.parts["outside_stacks"].on:
+                # The supervisor samples a process with a ring from outside: where Yama
+                # allows only ancestors, name it (its py-spy is no ancestor of the job).
+                from trainmedic.probe.ptracer import allow_supervisor
+
+                try:
+                    allow_supervisor(fd)
+                except Exception as exc:
+                    self.parts["outside_stacks"].fail(exc)
         return sent
 
     def _progress(self) -> tuple[int, int] | None:
