@@ -35,6 +35,7 @@ class Harness:
         self.sent: list[bytes] = []
         self.activity: list[LoaderActivity] = []
         self.events: list[RunEvent] = []
+        self.rates: list[int] = []
         self.outside = OutsideStacks(
             self.activity.append, self.events.append, lambda: 100.0,
             recorder=self.record, alive=lambda _pid: bool(self.windows),
@@ -44,7 +45,8 @@ class Harness:
         self, pid: int, seconds: int, rate: int, directory: Path,
         started: Any,
     ) -> Window:  # fmt: skip
-        assert directory.is_dir() and rate == 50
+        assert directory.is_dir()
+        self.rates.append(rate)
         return self.windows.popleft()
 
     def send(self, data: bytes) -> bool:
@@ -75,6 +77,7 @@ def test_a_read_window_hands_the_sampling_over_once_and_its_waits_are_recorded()
     assert all(a.pid == 42 and a.top_frames == {"job/train.py:12 __getitem__": 10}
                for a in h.activity)  # fmt: skip
     assert h.states() == ["outside", "usage"]
+    assert h.rates == [50, 50, 50]
     usage = h.events[-1].data
     assert usage["windows"] == 2 and usage["wait_samples"] == 20
     assert usage["cpu_s"] == 0.5
@@ -124,3 +127,10 @@ def test_stop_ends_a_running_window_with_sigint() -> None:
     assert procs[0].returncode is not None and procs[0].returncode != 0
     outside.ring_taken(8, lambda _b: True)  # after the stop: nothing starts
     assert len(procs) == 1
+
+
+def test_once_the_waits_are_known_the_rate_drops() -> None:
+    long_wait = waiting(FETCHING, us=4_000_000)  # 200 samples of waiting at 50 a second
+    h = Harness([ok(long_wait), ok(long_wait), ok(long_wait), Window(None, 1, "", 0.0)])
+    h.run()
+    assert h.rates == [50, 50, 20, 20]

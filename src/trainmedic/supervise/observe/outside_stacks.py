@@ -8,7 +8,9 @@ stack from the process's memory without pausing it, on a core of its own.
 
 How: for each process whose steps come through the shared-memory ring (the
 training processes; DataLoader workers keep their own sampler), one thread
-runs py-spy in windows (:data:`FIRST_WINDOW_S`, then :data:`WINDOW_S`) and
+runs py-spy in windows (:data:`FIRST_WINDOW_S`, then :data:`WINDOW_S`; :data:`RATE` samples a
+second until :data:`KNOWN_WAIT_SAMPLES` of its waits are taken, then
+:data:`KNOWN_RATE`) and
 counts each window's waits for data (:mod:`trainmedic.supervise.observe.spy_trace`)
 into a :class:`~trainmedic.record.types.LoaderActivity`, as the probe's
 sampler would. After the first window that read the process it tells the
@@ -48,6 +50,12 @@ from trainmedic.supervise.observe.spy_trace import activity, count_waits, parse_
 RATE = 50
 """Samples a second of one process: at a 25 % data wait, about 12 samples of the
 wait a second, the diagnosis's 20 in under two seconds."""
+KNOWN_WAIT_SAMPLES = 320
+"""Samples of a process's waits after which their make-up is known (the probe's
+sampler slows down at the same count): the rate drops to :data:`KNOWN_RATE`."""
+KNOWN_RATE = 20
+"""Samples a second once the waits are known: a stall of half a second still gets ten.
+py-spy's CPU follows its rate (about 1-1.5 ms a sample of a torch job on this VM)."""
 TOTAL_RATE = 200
 """Samples a second of all processes together (eight ranks: 25 each)."""
 MIN_RATE = 10
@@ -252,10 +260,10 @@ class OutsideStacks:
 
     # --- one process ----------------------------------------------------------------------------
 
-    def _rate(self) -> int:
+    def _rate(self, known: bool) -> int:
         with self._lock:
             active = max(1, sum(1 for t in self._threads.values() if t.is_alive()))
-        return max(MIN_RATE, min(RATE, TOTAL_RATE // active))
+        return max(MIN_RATE, min(KNOWN_RATE if known else RATE, TOTAL_RATE // active))
 
     def _started(self, pid: int) -> Callable[[subprocess.Popen[bytes]], None]:
         def started(proc: subprocess.Popen[bytes]) -> None:
@@ -270,9 +278,10 @@ class OutsideStacks:
     def _watch(self, pid: int, send: Sender, directory: Path) -> None:
         failures = 0
         seconds = self._first_window_s
+        waits = 0  # this process's samples of waits so far
         try:
             while not self._stopping.is_set() and self._alive(pid):
-                rate = self._rate()
+                rate = self._rate(waits >= KNOWN_WAIT_SAMPLES)
                 window = self._recorder(pid, seconds, rate, directory, self._started(pid))
                 with self._lock:
                     self._running.pop(pid, None)
@@ -288,6 +297,7 @@ class OutsideStacks:
                     continue
                 failures = 0
                 counts = count_waits(threads, rate)
+                waits += counts.wait_samples
                 with self._lock:
                     self.windows += 1
                     self.wait_samples += counts.wait_samples
