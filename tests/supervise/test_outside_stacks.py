@@ -134,3 +134,22 @@ def test_once_the_waits_are_known_the_rate_drops() -> None:
     h = Harness([ok(long_wait), ok(long_wait), ok(long_wait), Window(None, 1, "", 0.0)])
     h.run()
     assert h.rates == [50, 50, 20, 20]
+
+
+def test_a_process_that_neither_trains_nor_loads_is_not_sampled_after_the_first_window() -> None:
+    wanted = threading.Event()
+    looked = threading.Event()
+
+    def is_wanted(_pid: int) -> bool:
+        looked.set()
+        return wanted.is_set()
+
+    h = Harness([ok(waiting(FETCHING)), ok(waiting(FETCHING)), Window(None, 1, "", 0.0)])
+    h.outside._wanted = is_wanted
+    h.outside.ring_taken(42, h.send)
+    assert looked.wait(10.0)
+    assert len(h.windows) == 2  # only the first window ran: the access check
+    wanted.set()  # it began to train
+    h.outside._threads[42].join(10.0)
+    h.outside.stop()
+    assert not h.windows and h.sent == [STACKS_OUTSIDE]

@@ -127,3 +127,19 @@ def test_a_process_that_sent_a_train_step_is_a_training_process_without_a_heartb
     assert _roles(table) == {5: ROLE_TRAIN}
     state = table.get(5)
     assert state is not None and state.trains and state.last_heartbeat is None
+
+
+def test_a_process_that_trains_or_reads_a_dataloader_is_worth_sampling() -> None:
+    table = ProcessTable()
+    router = MessageRouter([ListSink()], table, wall=lambda: 9.0)  # type: ignore[list-item]
+    for pid in (5, 6, 7):
+        router.on_message(make_hello(pid))
+    router.on_message(StepRecord(step=1, t=2.0, duration_s=0.1, pid=5))
+    router.on_message(
+        LoaderInfo(t=1.0, pid=6, loader_id=1, num_workers=0, batch_size=8, pin_memory=False,
+                   prefetch_factor=None, persistent_workers=False)
+    )  # fmt: skip
+    sampled = {pid: s.sampled for pid, s in table.snapshot().items()}
+    assert sampled == {5: True, 6: True, 7: False}  # 7: a launcher, say
+    state = table.get(6)
+    assert state is not None and state.loads and not state.trains

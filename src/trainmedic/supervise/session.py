@@ -435,7 +435,13 @@ class RunSession:
         off = disabled_parts(self.environ) & {"all", "stacks", "ring", "outside_stacks"}
         if not self.options.probe or off:
             return None
-        return OutsideStacks(router.on_message, router.add_event, self.wall)
+        table = self.table
+
+        def wanted(pid: int) -> bool:
+            state = table.get(pid)
+            return state is not None and state.sampled
+
+        return OutsideStacks(router.on_message, router.add_event, self.wall, wanted=wanted)
 
     def _start_keeper(self, server: ChannelServer, router: MessageRouter) -> OutputKeeper | None:
         """The output keeper (the job's output outlives a killed supervisor), or ``None``."""

@@ -67,6 +67,8 @@ reading the interpreter's layout, paid once a window."""
 SOCKET_SHARE = 0.2
 """Share of the wait's samples on sockets from which the probe samples again."""
 SOCKET_MIN_SAMPLES = 10
+PAUSE_S = 0.25
+"""Seconds between two looks at a process not worth sampling yet (in the supervisor)."""
 FAILURES_MAX = 3
 """Windows in a row that read nothing of a living process before it is handed back."""
 TRACE_MAX_BYTES = 64 * 1024 * 1024
@@ -167,6 +169,10 @@ class OutsideStacks:
         wall: Unix clock for the records' ``t``.
         recorder: one py-spy window (:func:`record_window`; tests pass their own).
         alive: whether a pid still runs.
+        wanted: whether a pid is worth sampling now (it trains or reads a DataLoader):
+            after the first window, one that is not (a launcher such as torchrun's
+            agent, a helper process) is looked at again every :data:`PAUSE_S`
+            instead of sampled.
     """
 
     def __init__(
@@ -176,6 +182,7 @@ class OutsideStacks:
         wall: Callable[[], float],
         recorder: Recorder = record_window,
         alive: Callable[[int], bool] = _alive,
+        wanted: Callable[[int], bool] = lambda _pid: True,
         first_window_s: int = FIRST_WINDOW_S,
         window_s: int = WINDOW_S,
     ) -> None:
@@ -184,6 +191,7 @@ class OutsideStacks:
         self._wall = wall
         self._recorder = recorder
         self._alive = alive
+        self._wanted = wanted
         self._first_window_s = first_window_s
         self._window_s = window_s
         self._lock = threading.Lock()
@@ -281,6 +289,13 @@ class OutsideStacks:
         waits = 0  # this process's samples of waits so far
         try:
             while not self._stopping.is_set() and self._alive(pid):
+                if pid in self.handed and not self._wanted(pid):
+                    # Neither trains nor loads (yet): no py-spy, a look now and then.
+                    while not self._wanted(pid) and self._alive(pid):
+                        if self._stopping.wait(PAUSE_S):
+                            return
+                    seconds = self._first_window_s
+                    continue
                 rate = self._rate(waits >= KNOWN_WAIT_SAMPLES)
                 window = self._recorder(pid, seconds, rate, directory, self._started(pid))
                 with self._lock:

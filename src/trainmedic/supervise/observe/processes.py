@@ -33,6 +33,7 @@ class ProcessState:
             when it was sent: the difference is its time in transit).
         trains: whether a train step of it arrived (its heartbeats may be seconds
             apart while its steps flow through the shared-memory ring).
+        loads: whether it described a DataLoader it iterates.
     """
 
     hello: Hello
@@ -41,6 +42,12 @@ class ProcessState:
     exited_at: float | None = None
     heartbeat_received: float | None = None
     trains: bool = False
+    loads: bool = False
+
+    @property
+    def sampled(self) -> bool:
+        """Whether its stacks are worth sampling: it trains or reads a DataLoader."""
+        return self.trains or self.loads
 
 
 class ProcessTable:
@@ -132,6 +139,7 @@ class MessageRouter:
         self.table = table
         self._wall = wall
         self._training: set[int] = set()  # pids a train step came from (channel thread)
+        self._loading: set[int] = set()  # pids that described a DataLoader
 
     # --- sampler readings -------------------------------------------------------------------
 
@@ -164,6 +172,9 @@ class MessageRouter:
         elif isinstance(message, LoaderInfo):
             for s in self.sinks:
                 s.add_loader(message)
+            if message.pid not in self._loading:
+                self._loading.add(message.pid)
+                self.table.update(message.pid, loads=True)
         elif isinstance(message, RunEvent):
             self.add_event(message)
         elif isinstance(message, Hello):
