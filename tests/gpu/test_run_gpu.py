@@ -107,3 +107,29 @@ def test_a_live_window_names_the_item_each_step_and_the_pageable_copies(tmp_path
     )
     assert "gpu.pageable_copies" in found, sorted(found)
     assert str(found["gpu.pageable_copies"]["evidence"]["profile"]).startswith("profiles/")
+
+
+def test_a_cuda_jobs_waits_and_its_pin_memory_thread_are_sampled_from_outside(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    job = [sys.executable, str(SCRIPTS / "cuda_pinned_loader.py"), "300"]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
+         "--", *job],
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    outside = [e["data"] for e in events if e["kind"] == "stacks_outside"]
+    assert [d["state"] for d in outside] == ["outside", "usage"], outside
+    activity = [
+        json.loads(line) for line in (run_dir / "loader_activity.jsonl").read_text().splitlines()
+    ]
+    pid = next(e["pid"] for e in events if e["kind"] == "stacks_outside")
+    mine = [a["counts"] for a in activity if a["pid"] == pid]
+    assert outside[-1]["wait_samples"] >= 20
+    # The training thread waited on its worker; at the same moments the pin-memory thread
+    # waited for work: "idle" is a state only a loading thread's samples have.
+    assert sum(c.get("ipc_wait", 0) for c in mine) >= 10
+    assert sum(c.get("idle", 0) for c in mine) >= 10
