@@ -136,3 +136,21 @@ def test_the_wrappers_waiting_line_is_found_in_the_probes_source() -> None:
     assert line > 0
     text = Path(torch_hooks.__file__).read_text().splitlines()[line - 1]
     assert text.strip() == "batch = original_next(self)"
+
+
+def test_a_windows_counts_go_out_a_record_per_slice_stamped_with_its_end() -> None:
+    from trainmedic.supervise.observe.spy_trace import activities
+
+    main = 7
+    events = [
+        frame("B", main, 0, "thread (1001): MainThread"),
+        *push(main, 500_000, LOOP + FETCHING), *pop(main, 600_000, LOOP + FETCHING),
+        *push(main, 4_500_000, LOOP + FETCHING), *pop(main, 4_800_000, LOOP + FETCHING),
+        *push(main, 4_800_000, COMPUTE),
+    ]  # fmt: skip
+    counts = count_waits(parse_chrometrace(events), rate=100, line=WAIT, slice_s=2.0)
+    assert sorted(counts.slices) == [0, 2]  # nothing waited between 2 s and 4 s
+    records = activities(counts, started=1000.0, ended=1005.0, pid=42, slice_s=2.0)
+    assert [(r.t, r.counts["transform"]) for r in records] == [(1002.0, 10), (1005.0, 30)]
+    assert all(r.pid == 42 for r in records)
+    assert counts.aggregate.counts["transform"] == 40  # the window's whole

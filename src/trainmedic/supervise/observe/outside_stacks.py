@@ -45,7 +45,7 @@ from pathlib import Path
 from trainmedic.channel.wire import STACKS_INSIDE, STACKS_OUTSIDE
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import LoaderActivity, RunEvent
-from trainmedic.supervise.observe.spy_trace import activity, count_waits, parse_chrometrace
+from trainmedic.supervise.observe.spy_trace import activities, count_waits, parse_chrometrace
 
 RATE = 50
 """Samples a second of one process: at a 25 % data wait, about 12 samples of the
@@ -297,6 +297,7 @@ class OutsideStacks:
                     seconds = self._first_window_s
                     continue
                 rate = self._rate(waits >= KNOWN_WAIT_SAMPLES)
+                started = self._wall()
                 window = self._recorder(pid, seconds, rate, directory, self._started(pid))
                 with self._lock:
                     self._running.pop(pid, None)
@@ -316,8 +317,7 @@ class OutsideStacks:
                 with self._lock:
                     self.windows += 1
                     self.wait_samples += counts.wait_samples
-                record = activity(counts, self._wall(), pid)
-                if record is not None:
+                for record in activities(counts, started, self._wall(), pid):
                     self._emit(record)
                 if pid not in self.handed and not self._stopping.is_set():
                     if not send(STACKS_OUTSIDE):

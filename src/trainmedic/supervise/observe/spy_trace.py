@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from types import CodeType
 
 from trainmedic.probe.frames import FrameInfo, callee_names
-from trainmedic.probe.stacks import MAX_FRAMES, ActivityAggregate, classify_for_role, frame_key
+from trainmedic.probe.stacks import (
+    FLUSH_S,
+    MAX_FRAMES,
+    ActivityAggregate,
+    classify_for_role,
+    frame_key,
+)
 from trainmedic.record.types import LoaderActivity
 
 WRAPPER_FILE = "/trainmedic/probe/torch_hooks.py"
@@ -151,13 +157,16 @@ def _is_pin(stack: Sequence[FrameInfo]) -> bool:
 
 @dataclass
 class WaitCounts:
-    """What one window's samples held: the aggregate, and how many samples the
-    training thread spent in a data wait and in all (``samples``)."""
+    """What one window's samples held: the aggregate of the whole window and of each
+    slice of it (``slices``: by the slice's number from the trace's start, every
+    ``slice_s`` of :func:`count_waits`), and how many samples the training thread
+    spent in a data wait and in all (``samples``)."""
 
     aggregate: ActivityAggregate
     wait_samples: int = 0
     samples: int = 0
     states: dict[str, int] = field(default_factory=dict)
+    slices: dict[int, ActivityAggregate] = field(default_factory=dict)
 
 
 def count_waits(
@@ -165,6 +174,7 @@ def count_waits(
     rate: float,
     training_native_id: int | None = None,
     line: int | None = None,
+    slice_s: float = FLUSH_S,
 ) -> WaitCounts:
     """Classify the moments the training thread waited for data.
 
@@ -174,6 +184,9 @@ def count_waits(
         training_native_id: the training thread; ``None``: every thread seen
             waiting at the wrapper's line (only the training thread stops there).
         line: the wrapper's waiting line (:func:`wait_line` when ``None``).
+        slice_s: seconds of trace each slice's aggregate covers: as often as the probe's
+            sampler sends its counts, so that the diagnosis can still tell the samples of
+            a stall from those of the waits around it.
     """
     wait = wait_line() if line is None else line
     out = WaitCounts(ActivityAggregate())
@@ -212,20 +225,33 @@ def count_waits(
         if not main:
             continue
         out.wait_samples += n
+        piece = out.slices.setdefault(int(ts / (slice_s * 1e6)), ActivityAggregate())
         for stack, role in [*((s, "main") for s in main), *((s, "pin") for s in pins)]:
             frames = _with_callee(stack[:MAX_FRAMES])
             state = classify_for_role(frames, role)
-            out.aggregate.counts[state] += n
-            if state != "idle":
-                out.aggregate.frames[frame_key(frames)] += n
+            key = frame_key(frames) if state != "idle" else None
+            for agg in (out.aggregate, piece):
+                agg.counts[state] += n
+                if key is not None:
+                    agg.frames[key] += n
             if role == "main":
                 out.states[state] = out.states.get(state, 0) + n
     return out
 
 
-def activity(counts: WaitCounts, t: float, pid: int) -> LoaderActivity | None:
-    """The window's counts as the record's loader activity (``None``: no data wait seen)."""
-    return counts.aggregate.take(t, pid)
+def activities(
+    counts: WaitCounts, started: float, ended: float, pid: int, slice_s: float = FLUSH_S
+) -> list[LoaderActivity]:
+    """The window's counts as the record's loader activity, a record per slice that saw
+    a data wait, each stamped with its slice's end (Unix seconds: the window ran from
+    ``started`` to ``ended``; the trace's clock starts with the window)."""
+    out = []
+    for number in sorted(counts.slices):
+        t = min(ended, started + (number + 1) * slice_s)
+        record = counts.slices[number].take(t, pid)
+        if record is not None:
+            out.append(record)
+    return out
 
 
 # --- the call an innermost frame makes, from its source ----------------------------------
