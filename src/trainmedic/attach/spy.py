@@ -14,13 +14,12 @@ frames outermost first. :func:`parse_raw` reads it into :class:`ThreadSamples`.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainmedic.host.reaped import run_measured
 from trainmedic.supervise.hang.forensics import find_py_spy
 
 DEFAULT_RATE = 50
@@ -195,30 +194,3 @@ def record(pid: int, seconds: int, out: Path, rate: int = DEFAULT_RATE) -> Sampl
         problem=problem,
         sampler_cpu_s=cpu_s,
     )
-
-
-def run_measured(argv: list[str], log: Path, timeout_s: float) -> tuple[int, str, float] | None:
-    """Run ``argv`` (its output to ``log``) and reap it with ``wait4``, which gives the
-    child's own CPU time: ``(exit code, output, CPU seconds)``, or ``None`` when it ran
-    past ``timeout_s`` (it is killed)."""
-    with log.open("w+b") as sink:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
-        killed = threading.Event()
-
-        def kill() -> None:
-            killed.set()
-            proc.kill()
-
-        timer = threading.Timer(timeout_s, kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        # Reaped here, not by Popen: tell it, so that it never waits on the pid again.
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        sink.seek(0)
-        said = sink.read().decode(errors="replace")
-    if killed.is_set():
-        return None
-    return proc.returncode, said, usage.ru_utime + usage.ru_stime

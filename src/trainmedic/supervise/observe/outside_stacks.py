@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmedic.channel.wire import STACKS_INSIDE, STACKS_OUTSIDE
+from trainmedic.host.reaped import run_measured
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import LoaderActivity, RunEvent
 from trainmedic.supervise.observe.spy_trace import activities, count_waits, parse_chrometrace
@@ -118,17 +119,13 @@ def record_window(
         "--full-filenames", "--format", "chrometrace", "--rate", str(rate),
         "--duration", str(seconds), "--output", str(out),
     ]  # fmt: skip
-    with tempfile.TemporaryFile(dir=directory) as sink:
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
-        except OSError as exc:
-            return Window(None, None, f"py-spy did not start: {exc.strerror or exc}", 0.0)
-        started(proc)
-        _, status, usage = os.wait4(proc.pid, 0)
-        # Reaped here (wait4 gives its CPU): tell Popen, so it never waits on the pid.
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
-        sink.seek(0)
-        said = sink.read(64 * 1024).decode(errors="replace")
+    try:
+        ran = run_measured(argv, directory / f"stacks-{pid}.log", seconds + 30.0, started)
+    except OSError as exc:
+        return Window(None, None, f"py-spy did not start: {exc.strerror or exc}", 0.0)
+    if ran is None:
+        return Window(None, None, "py-spy did not finish in time", 0.0)
+    code, said, cpu_s = ran
     trace = None
     try:
         if out.stat().st_size <= TRACE_MAX_BYTES:
@@ -139,7 +136,7 @@ def record_window(
     finally:
         with contextlib.suppress(OSError):
             out.unlink()
-    return Window(trace, code, said, usage.ru_utime + usage.ru_stime)
+    return Window(trace, code, said, cpu_s)
 
 
 def _alive(pid: int) -> bool:
