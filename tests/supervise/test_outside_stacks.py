@@ -14,14 +14,12 @@ from trainmedic.channel.wire import STACKS_INSIDE, STACKS_OUTSIDE
 from trainmedic.record.events import EventKind
 from trainmedic.record.types import LoaderActivity, RunEvent
 from trainmedic.supervise.observe.outside_stacks import OutsideStacks, Window
-from trainmedic.supervise.observe.spy_trace import wait_line
 
 SOCKET = [("Client.fetch", "/job/client.py", 40), ("socket.recv_into", "/py/socket.py", 700)]
 
 
 def waiting(inner: list[tuple[str, str, int]], us: float = 200_000) -> list[Any]:
-    loop = [(n, f.replace("/site/trainmedic", "/x/trainmedic"), wait_line() if "hooks" in f else ln)
-            for n, f, ln in LOOP]  # fmt: skip
+    loop = [(n, f.replace("/site/trainmedic", "/x/trainmedic"), ln) for n, f, ln in LOOP]
     after = [("<module>", "/job/train.py", 9)]
     return [frame("B", 1, 0, "thread (1): MainThread"), *push(1, 0, loop + inner),
             *pop(1, us, loop + inner), *push(1, us, after)]  # fmt: skip

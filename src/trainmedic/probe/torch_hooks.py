@@ -39,6 +39,8 @@ from trainmedic.probe.importhook import when_imported
 from trainmedic.probe.steps import NO_FETCH_LIMIT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trainmedic.probe.seams import ProbeSeam
     from trainmedic.probe.steps import StepTracker
 
@@ -245,6 +247,16 @@ def _never_traced(dynamo: Any, fn: Any) -> None:
 # --- DataLoaders ---------------------------------------------------------------------------------
 
 
+def wait_for_batch(next_batch: Callable[[Any], Any], iterator: Any) -> Any:
+    """The training thread's wait for a DataLoader batch: the real ``__next__``.
+
+    A frame of its own, so that a sampler outside the process (the supervisor's,
+    :mod:`trainmedic.supervise.observe.spy_trace`) tells a stack that waits for data
+    by this function's name, whatever the probe's version and line numbers.
+    """
+    return next_batch(iterator)
+
+
 def _install_loader(
     torch: Any, probe: ProbeSeam, tracker: StepTracker, missing: frozenset[str]
 ) -> None:
@@ -281,7 +293,7 @@ def _install_loader(
             except Exception as exc:
                 probe.parts["forward"].fail(exc)
         try:
-            batch = original_next(self)
+            batch = wait_for_batch(original_next, self)
         except BaseException:
             try:  # the epoch's end (StopIteration) or the job's error: no batch
                 tracker.loader_exit(clock(), None, False)

@@ -11,8 +11,8 @@ timeline of stacks, and all threads' stacks can be read at the same moment.
 
 From it, this module counts what the in-process sampler
 (:mod:`trainmedic.probe.sampling`) counts, the same way: at each moment the
-training thread waits inside a DataLoader's ``__next__`` (the probe's wrapper
-frame is on its stack, at the line that calls the real ``__next__``), its
+training thread waits inside a DataLoader's ``__next__`` (the probe's
+:data:`WAIT_FUNCTION` is on its stack), its
 stack and the pin-memory threads' stacks are classified
 (:func:`trainmedic.probe.stacks.classify_for_role`, roles ``main`` and
 ``pin``) into a :class:`~trainmedic.record.types.LoaderActivity`. A stretch
@@ -44,28 +44,13 @@ from trainmedic.record.types import LoaderActivity
 
 WRAPPER_FILE = "/trainmedic/probe/torch_hooks.py"
 """The file of the probe's DataLoader wrapper, as the end of a full path."""
-WAIT_CALL = "batch = original_next(self)"
-"""The wrapper's line that calls the DataLoader's own ``__next__``: a training
-thread with this frame on its stack waits for a batch (the wrapper's other call
-of it serves other threads)."""
+WAIT_FUNCTION = "wait_for_batch"
+"""The probe's function that calls the DataLoader's own ``__next__`` for the training
+thread (:func:`trainmedic.probe.torch_hooks.wait_for_batch`): a stack with it waits for
+a batch. Other threads go past the wrapper without it."""
 _PIN_LOOP = "_pin_memory_loop"
 _SOURCE_MAX_BYTES = 4 * 1024 * 1024
 """A source file larger than this is not read for callee names."""
-
-
-@functools.cache
-def wait_line() -> int:
-    """The line of :data:`WAIT_CALL` in the probe's wrapper (0: not found)."""
-    from trainmedic.probe import torch_hooks
-
-    try:
-        with open(torch_hooks.__file__, encoding="utf-8") as f:
-            for number, text in enumerate(f, 1):
-                if text.strip() == WAIT_CALL:
-                    return number
-    except OSError:
-        pass
-    return 0
 
 
 @dataclass
@@ -143,10 +128,10 @@ def parse_chrometrace(events: object) -> dict[int, ThreadTimeline]:
     return threads
 
 
-def in_data_wait(stack: Sequence[FrameInfo], line: int) -> bool:
+def in_data_wait(stack: Sequence[FrameInfo]) -> bool:
     """Whether a stack (innermost first) waits inside the wrapped ``__next__``."""
     for i, frame in enumerate(stack):
-        if frame.lineno == line and frame.path.endswith(WRAPPER_FILE):
+        if frame.function == WAIT_FUNCTION and frame.path.endswith(WRAPPER_FILE):
             return i > 0
     return False
 
@@ -173,7 +158,6 @@ def count_waits(
     threads: Mapping[int, ThreadTimeline],
     rate: float,
     training_native_id: int | None = None,
-    line: int | None = None,
     slice_s: float = FLUSH_S,
 ) -> WaitCounts:
     """Classify the moments the training thread waited for data.
@@ -182,16 +166,14 @@ def count_waits(
         rate: py-spy's samples a second: a stretch of ``d`` seconds between two
             changes counts ``round(d * rate)`` samples, at least one.
         training_native_id: the training thread; ``None``: every thread seen
-            waiting at the wrapper's line (only the training thread stops there).
-        line: the wrapper's waiting line (:func:`wait_line` when ``None``).
+            waiting in :data:`WAIT_FUNCTION` (only the training thread calls it).
         slice_s: seconds of trace each slice's aggregate covers: as often as the probe's
             sampler sends its counts, so that the diagnosis can still tell the samples of
             a stall from those of the waits around it.
     """
-    wait = wait_line() if line is None else line
     out = WaitCounts(ActivityAggregate())
     moments = sorted({ts for t in threads.values() for ts, _ in t.changes})
-    if not moments or wait <= 0:
+    if not moments:
         return out
     step_us = 1e6 / rate
     cursor = {tid: -1 for tid in threads}
@@ -217,7 +199,7 @@ def count_waits(
                 if _is_pin(stack):
                     pins.append(stack)
                 continue
-            if in_data_wait(stack, wait):
+            if in_data_wait(stack):
                 main.append(stack)
             elif _is_pin(stack):
                 pins.append(stack)
