@@ -225,3 +225,27 @@ def test_a_costly_host_reading_is_spaced_out_to_its_cpu_budget(busy_job: psutil.
     assert sampler.sample_once() == pytest.approx(3.0)
     cost[0] = 0.004
     assert sampler.sample_once() == pytest.approx(1.0)  # cheap again: back to one a second
+
+
+def test_trainmedics_own_helpers_are_never_taken_for_other_tenants(
+    busy_job: psutil.Process,
+) -> None:
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        now = [0.0]  # the same one-second interval for both readers
+        plain = HostSampler(idle.pid, lambda s: None, monotonic=lambda: now[0])
+        mine = HostSampler(
+            idle.pid, lambda s: None, monotonic=lambda: now[0], helpers=lambda: [busy_job.pid]
+        )
+        assert plain.read() is None and mine.read() is None
+        _wait_for_cpu(busy_job, 0.5)
+        now[0] = 1.0
+        a, b = plain.read(), mine.read()
+        assert a is not None and b is not None
+        assert a.others_cpu_pct is not None and b.others_cpu_pct is not None
+        # The spinning helper used 50+ % of a core in the "second": the supervisor's.
+        assert a.others_cpu_pct - b.others_cpu_pct >= 40.0
+        assert b.job_cpu_pct < 5.0
+    finally:
+        idle.kill()
+        idle.wait()

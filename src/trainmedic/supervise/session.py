@@ -206,6 +206,7 @@ class RunSession:
                     wall=self.wall,
                     title=command_name(options.argv),
                     stderr_fd=self.stderr_fd,
+                    helpers=None if self.outside is None else self.outside.running,
                 )
             )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from trainmedic.gpu.backend import GpuBackend
 from trainmedic.gpu.types import GpuSample
@@ -72,10 +72,14 @@ class Observers:
         wall: Callable[[], float],
         title: str,
         stderr_fd: int,
+        helpers: Callable[[], Sequence[int]] | None = None,
     ) -> None:
         """``mode`` is the live view's (``panel``, ``plain``, ``off``); ``title``
-        names the command in it; ``stderr_fd`` is the terminal whose width it fits."""
+        names the command in it; ``stderr_fd`` is the terminal whose width it fits;
+        ``helpers`` gives the pids of trainmedic's own helper processes now (py-spy
+        sampling the job), whose CPU is the supervisor's, not other tenants'."""
         self._wall = wall
+        self._helpers = helpers
         self._router = router
         self.first_gpu: dict[int, GpuSample] = {}
         self.gpu_period_s: float | None = None
@@ -120,6 +124,7 @@ class Observers:
             cgroup_cpu=_cgroup_reader(job.pid),
             threads=ThreadSampler(lambda: _roles(self._table)),
             census=self.census,
+            helpers=self._helpers,
         )
         self._thread("host", "host", host.sample_once)
 

@@ -203,6 +203,11 @@ class OutsideStacks:
         self.handed: set[int] = set()
         """Pids whose probes were told their stacks are sampled from outside."""
 
+    def running(self) -> list[int]:
+        """The pids of the py-spy processes sampling now (their CPU is trainmedic's)."""
+        with self._lock:
+            return [p.pid for p in self._running.values() if p.returncode is None]
+
     # --- the channel's side -----------------------------------------------------------------
 
     def ring_taken(self, pid: int, send: Sender) -> None:

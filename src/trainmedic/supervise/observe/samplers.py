@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainmedic.gpu.backend import GpuBackend
@@ -176,6 +176,9 @@ class HostSampler:
             adopted orphans).
         threads: reads the job's threads' scheduler counters (run-queue delay).
         census: remembers every process of the tree (the probe's reach).
+        helpers: the pids of trainmedic's own helper processes now (py-spy sampling
+            the job from outside): their CPU counts as the supervisor's own, so that
+            it is never taken for another tenant's load.
     """
 
     def __init__(
@@ -191,8 +194,11 @@ class HostSampler:
         census: ProcessCensus | None = None,
         cpu_budget: float = HOST_CPU_BUDGET,
         cpu_clock: Callable[[], float] = time.thread_time,
+        helpers: Callable[[], Sequence[int]] | None = None,
     ) -> None:
         self.root_pid = root_pid
+        self._helpers = helpers
+        self._helper_cpu: dict[int, tuple[ps.Process, float]] = {}
         self.cpu_budget = cpu_budget
         self._cpu_clock = cpu_clock
         self.last_cost_s = 0.0
@@ -233,6 +239,27 @@ class HostSampler:
         self.last_cost_s = max(0.0, self._cpu_clock() - cpu0)
         return max(self.period_s, self.last_cost_s / self.cpu_budget)
 
+    def _helpers_cpu_s(self) -> float:
+        """CPU seconds the helper processes used since the last reading (a helper that
+        started meanwhile: all of its CPU; one that ended meanwhile: its last part is
+        not seen, a few milliseconds)."""
+        if self._helpers is None:
+            return 0.0
+        total = 0.0
+        seen: dict[int, tuple[ps.Process, float]] = {}
+        for pid in self._helpers():
+            known = self._helper_cpu.get(pid)
+            try:
+                proc = known[0] if known is not None else ps.Process(pid)
+                times = proc.cpu_times()
+            except ps.Error:
+                continue
+            cpu = times.user + times.system
+            total += max(0.0, cpu - (known[1] if known is not None else 0.0))
+            seen[pid] = (proc, cpu)
+        self._helper_cpu = seen
+        return total
+
     def read(self) -> HostSample | None:
         now = self._monotonic()
         wall = self._wall()
@@ -245,6 +272,7 @@ class HostSampler:
         disk = _disk()
         net = _net()
         self_cpu = sum(self._self.cpu_times()[:2])
+        helpers_cpu = self._helpers_cpu_s()
         last_t = self._last_t
         previous_cpu, previous_disk, previous_net = self._last_cpu, self._last_disk, self._last_net
         previous_self = self._last_self_cpu
@@ -256,7 +284,7 @@ class HostSampler:
         busy_pct, iowait_pct = _cpu_shares(previous_cpu, cpu)
         logical = os.cpu_count() or 1
         job_pct = 100.0 * job_cpu_s / dt
-        own_pct = 100.0 * max(0.0, self_cpu - previous_self) / dt
+        own_pct = 100.0 * (max(0.0, self_cpu - previous_self) + helpers_cpu) / dt
         others = None
         if busy_pct is not None:
             others = max(0.0, busy_pct * logical - job_pct - own_pct)
