@@ -67,18 +67,23 @@ def ok(trace: list[Any]) -> Window:
     return Window(trace, 0, "", 0.25)
 
 
+def check() -> Window:
+    """The first window: it shows py-spy reads the process; its samples are the probe's."""
+    return ok(waiting(FETCHING))
+
+
 def test_a_read_window_hands_the_sampling_over_once_and_its_waits_are_recorded() -> None:
-    h = Harness([ok(waiting(FETCHING)), ok(waiting(FETCHING)), Window(None, 1, "", 0.0)])
+    h = Harness([check(), ok(waiting(FETCHING)), ok(waiting(FETCHING)), Window(None, 1, "", 0.0)])
     h.run()
     assert h.sent == [STACKS_OUTSIDE]
-    assert [a.counts["transform"] for a in h.activity] == [10, 10]
+    assert [a.counts["transform"] for a in h.activity] == [10, 10]  # not the first window's
     assert all(a.pid == 42 and a.top_frames == {"job/train.py:12 __getitem__": 10}
                for a in h.activity)  # fmt: skip
     assert h.states() == ["outside", "usage"]
-    assert h.rates == [50, 50, 50]
+    assert h.rates == [50, 50, 50, 50]
     usage = h.events[-1].data
     assert usage["windows"] == 2 and usage["wait_samples"] == 20
-    assert usage["cpu_s"] == 0.5
+    assert usage["cpu_s"] == 0.75
 
 
 def test_a_process_py_spy_cannot_read_stays_with_its_probe() -> None:
@@ -91,7 +96,7 @@ def test_a_process_py_spy_cannot_read_stays_with_its_probe() -> None:
 
 
 def test_waits_on_sockets_go_back_to_the_probe_which_names_the_server() -> None:
-    h = Harness([ok(waiting(FETCHING)), ok(waiting(SOCKET)), ok(waiting(FETCHING))])
+    h = Harness([check(), ok(waiting(FETCHING)), ok(waiting(SOCKET)), ok(waiting(FETCHING))])
     h.run()
     assert h.sent == [STACKS_OUTSIDE, STACKS_INSIDE]
     assert h.states()[:2] == ["outside", "inside"]
@@ -99,7 +104,8 @@ def test_waits_on_sockets_go_back_to_the_probe_which_names_the_server() -> None:
 
 
 def test_windows_that_stop_reading_a_living_process_hand_it_back() -> None:
-    h = Harness([ok(waiting(FETCHING)), *[Window(None, 1, "Error: gone", 0.0)] * 3, ok([])])
+    h = Harness([check(), ok(waiting(FETCHING)), *[Window(None, 1, "Error: gone", 0.0)] * 3,
+                 ok([])])  # fmt: skip
     h.run()
     assert h.sent == [STACKS_OUTSIDE, STACKS_INSIDE]
     assert "not_read" in h.states()
@@ -129,25 +135,27 @@ def test_stop_ends_a_running_window_with_sigint() -> None:
 
 def test_once_the_waits_are_known_the_rate_drops() -> None:
     long_wait = waiting(FETCHING, us=4_000_000)  # 200 samples of waiting at 50 a second
-    h = Harness([ok(long_wait), ok(long_wait), ok(long_wait), Window(None, 1, "", 0.0)])
+    h = Harness([check(), ok(long_wait), ok(long_wait), ok(long_wait), Window(None, 1, "", 0.0)])
     h.run()
-    assert h.rates == [50, 50, 20, 20]
+    assert h.rates == [50, 50, 50, 20, 20]
 
 
-def test_a_process_that_neither_trains_nor_loads_is_not_sampled_after_the_first_window() -> None:
-    wanted = threading.Event()
+def test_the_probe_samples_until_its_process_has_trained_a_while() -> None:
+    ready = threading.Event()
     looked = threading.Event()
 
-    def is_wanted(_pid: int) -> bool:
+    def is_ready(_pid: int) -> bool:
         looked.set()
-        return wanted.is_set()
+        return ready.is_set()
 
-    h = Harness([ok(waiting(FETCHING)), ok(waiting(FETCHING)), Window(None, 1, "", 0.0)])
-    h.outside._wanted = is_wanted
+    h = Harness([check(), ok(waiting(FETCHING)), Window(None, 1, "", 0.0)])
+    h.outside._ready = is_ready
     h.outside.ring_taken(42, h.send)
     assert looked.wait(10.0)
-    assert len(h.windows) == 2  # only the first window ran: the access check
-    wanted.set()  # it began to train
+    # Only the first window ran (py-spy reads it); nothing is sent and the probe samples.
+    assert len(h.windows) == 2 and h.sent == [] and h.activity == []
+    ready.set()  # it has trained long enough (a launcher never does: it stays here)
     h.outside._threads[42].join(10.0)
     h.outside.stop()
     assert not h.windows and h.sent == [STACKS_OUTSIDE]
+    assert [a.counts["transform"] for a in h.activity] == [10]

@@ -143,3 +143,5 @@ def test_a_process_that_trains_or_reads_a_dataloader_is_worth_sampling() -> None
     assert sampled == {5: True, 6: True, 7: False}  # 7: a launcher, say
     state = table.get(6)
     assert state is not None and state.loads and not state.trains
+    since = {pid: s.sampled_since for pid, s in table.snapshot().items()}
+    assert since == {5: 9.0, 6: 9.0, 7: None}  # the router's clock when it first did

@@ -63,7 +63,7 @@ from trainmedic.supervise.loop.attempt_setup import (
 from trainmedic.supervise.loop.attempt_state import AttemptTracker, Listener
 from trainmedic.supervise.loop.attempts import AttemptLoop
 from trainmedic.supervise.observe.observers import Observers
-from trainmedic.supervise.observe.outside_stacks import OutsideStacks
+from trainmedic.supervise.observe.outside_stacks import HANDOVER_AFTER_S, OutsideStacks
 from trainmedic.supervise.observe.processes import MessageRouter, ProcessTable
 from trainmedic.supervise.observe.samplers import SamplerThread
 from trainmedic.supervise.output.keeper import OutputKeeper
@@ -436,13 +436,14 @@ class RunSession:
         off = disabled_parts(self.environ) & {"all", "stacks", "ring", "outside_stacks"}
         if not self.options.probe or off:
             return None
-        table = self.table
+        table, wall = self.table, self.wall
 
-        def wanted(pid: int) -> bool:
+        def ready(pid: int) -> bool:
             state = table.get(pid)
-            return state is not None and state.sampled
+            since = None if state is None else state.sampled_since
+            return since is not None and wall() - since >= HANDOVER_AFTER_S
 
-        return OutsideStacks(router.on_message, router.add_event, self.wall, wanted=wanted)
+        return OutsideStacks(router.on_message, router.add_event, self.wall, ready=ready)
 
     def _start_keeper(self, server: ChannelServer, router: MessageRouter) -> OutputKeeper | None:
         """The output keeper (the job's output outlives a killed supervisor), or ``None``."""

@@ -62,12 +62,18 @@ TOTAL_RATE = 200
 MIN_RATE = 10
 FIRST_WINDOW_S = 1
 """Seconds of the first window: its end is when the probe's own sampler can rest."""
-WINDOW_S = 5
+WINDOW_S = 10
 """Seconds of the later windows: each start of py-spy costs it some 20-50 ms of CPU
-reading the interpreter's layout, paid once a window."""
+reading the interpreter's layout, paid once a window (the records still come a
+slice of 2 s apiece, :func:`~trainmedic.supervise.observe.spy_trace.activities`)."""
 SOCKET_SHARE = 0.2
 """Share of the wait's samples on sockets from which the probe samples again."""
 SOCKET_MIN_SAMPLES = 10
+HANDOVER_AFTER_S = 2.0
+"""Seconds a process trains (or reads a DataLoader) before the supervisor samples it
+from outside: its probe's sampler takes the first samples, as often as every
+millisecond on short steps, so that a run of a second of steps is diagnosed (a fixed
+rate of 50 a second would give it a few); a long run pays for them once."""
 PAUSE_S = 0.25
 """Seconds between two looks at a process not worth sampling yet (in the supervisor)."""
 FAILURES_MAX = 3
@@ -166,10 +172,10 @@ class OutsideStacks:
         wall: Unix clock for the records' ``t``.
         recorder: one py-spy window (:func:`record_window`; tests pass their own).
         alive: whether a pid still runs.
-        wanted: whether a pid is worth sampling now (it trains or reads a DataLoader):
-            after the first window, one that is not (a launcher such as torchrun's
-            agent, a helper process) is looked at again every :data:`PAUSE_S`
-            instead of sampled.
+        ready: whether a pid's waits are the supervisor's to sample now: it has trained
+            or read a DataLoader for :data:`HANDOVER_AFTER_S`. Until then (and for ever,
+            for a launcher such as torchrun's agent or a helper process) it is looked at
+            every :data:`PAUSE_S` after its first window, instead of sampled.
     """
 
     def __init__(
@@ -179,7 +185,7 @@ class OutsideStacks:
         wall: Callable[[], float],
         recorder: Recorder = record_window,
         alive: Callable[[int], bool] = _alive,
-        wanted: Callable[[int], bool] = lambda _pid: True,
+        ready: Callable[[int], bool] = lambda _pid: True,
         first_window_s: int = FIRST_WINDOW_S,
         window_s: int = WINDOW_S,
     ) -> None:
@@ -188,7 +194,7 @@ class OutsideStacks:
         self._wall = wall
         self._recorder = recorder
         self._alive = alive
-        self._wanted = wanted
+        self._ready = ready
         self._first_window_s = first_window_s
         self._window_s = window_s
         self._lock = threading.Lock()
@@ -289,15 +295,19 @@ class OutsideStacks:
         failures = 0
         seconds = self._first_window_s
         waits = 0  # this process's samples of waits so far
+        checked = False  # a first window read the process
         try:
             while not self._stopping.is_set() and self._alive(pid):
-                if pid in self.handed and not self._wanted(pid):
-                    # Neither trains nor loads (yet): no py-spy, a look now and then.
-                    while not self._wanted(pid) and self._alive(pid):
-                        if self._stopping.wait(PAUSE_S):
+                if checked and pid not in self.handed:
+                    # Read once; its own sampler goes on until it has trained a while
+                    # (or for ever: a launcher): no py-spy meanwhile, a look now and then.
+                    while not self._ready(pid):
+                        if not self._alive(pid) or self._stopping.wait(PAUSE_S):
                             return
-                    seconds = self._first_window_s
-                    continue
+                    if not send(STACKS_OUTSIDE):
+                        return
+                    self.handed.add(pid)
+                    self._note(pid, "outside", f"py-spy, {self._rate(False)} samples a second")
                 rate = self._rate(waits >= KNOWN_WAIT_SAMPLES)
                 started = self._wall()
                 window = self._recorder(pid, seconds, rate, directory, self._started(pid))
@@ -314,6 +324,10 @@ class OutsideStacks:
                         return
                     continue
                 failures = 0
+                if not checked:
+                    checked = True  # py-spy reads it; the probe sampled meanwhile
+                    seconds = self._window_s
+                    continue
                 counts = count_waits(threads, rate)
                 waits += counts.wait_samples
                 with self._lock:
@@ -321,11 +335,6 @@ class OutsideStacks:
                     self.wait_samples += counts.wait_samples
                 for record in activities(counts, started, self._wall(), pid):
                     self._emit(record)
-                if pid not in self.handed and not self._stopping.is_set():
-                    if not send(STACKS_OUTSIDE):
-                        return
-                    self.handed.add(pid)
-                    self._note(pid, "outside", f"py-spy, {rate} samples a second")
                 sockets = counts.states.get("socket_wait", 0)
                 if counts.wait_samples >= SOCKET_MIN_SAMPLES and (
                     sockets >= SOCKET_SHARE * counts.wait_samples

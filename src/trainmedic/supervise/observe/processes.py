@@ -34,6 +34,8 @@ class ProcessState:
         trains: whether a train step of it arrived (its heartbeats may be seconds
             apart while its steps flow through the shared-memory ring).
         loads: whether it described a DataLoader it iterates.
+        sampled_since: Unix time (the supervisor's) it first trained or described a
+            DataLoader: from when its stacks are worth sampling.
     """
 
     hello: Hello
@@ -43,6 +45,7 @@ class ProcessState:
     heartbeat_received: float | None = None
     trains: bool = False
     loads: bool = False
+    sampled_since: float | None = None
 
     @property
     def sampled(self) -> bool:
@@ -164,6 +167,7 @@ class MessageRouter:
             if message.pid not in self._training and message.phase == "train":
                 self._training.add(message.pid)
                 self.table.update(message.pid, trains=True)
+                self._sampled_from(message.pid)
         elif isinstance(message, Heartbeat):
             self.table.update(message.pid, last_heartbeat=message, heartbeat_received=self._wall())
         elif isinstance(message, LoaderActivity):
@@ -175,6 +179,7 @@ class MessageRouter:
             if message.pid not in self._loading:
                 self._loading.add(message.pid)
                 self.table.update(message.pid, loads=True)
+                self._sampled_from(message.pid)
         elif isinstance(message, RunEvent):
             self.add_event(message)
         elif isinstance(message, Hello):
@@ -197,6 +202,11 @@ class MessageRouter:
                     data=usage,
                 )
             )
+
+    def _sampled_from(self, pid: int) -> None:
+        state = self.table.get(pid)
+        if state is not None and state.sampled_since is None:
+            self.table.update(pid, sampled_since=self._wall())
 
     def _hello(self, h: Hello) -> None:
         new = self.table.hello(h)
