@@ -85,15 +85,7 @@ def assert_hardware_findings_match_the_readings(
 def test_a_live_window_names_the_item_each_step_and_the_pageable_copies(tmp_path: Path) -> None:
     """The profiler window of a CUDA job (on by default) finds what a trace shows: the
     ``.item()`` in ``train_step`` every step and batches copied from pageable memory."""
-    run_dir = tmp_path / "run"
-    job = [sys.executable, str(SCRIPTS / "item_and_pageable.py"), "200", "cuda"]
-    done = subprocess.run(
-        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
-         "--", *job],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    run_dir, events = run_events(tmp_path, ["item_and_pageable.py", "200", "cuda"], 300)
     windows = [e for e in events if e["kind"] == "profile_window"]
     assert windows and windows[0]["data"]["cuda"] is True, windows
     document = json.loads((run_dir / "findings.json").read_text())
@@ -112,15 +104,7 @@ def test_a_live_window_names_the_item_each_step_and_the_pageable_copies(tmp_path
 def test_a_cuda_jobs_waits_and_its_pin_memory_thread_are_sampled_from_outside(
     tmp_path: Path,
 ) -> None:
-    run_dir = tmp_path / "run"
-    job = [sys.executable, str(SCRIPTS / "cuda_pinned_loader.py"), "300"]
-    done = subprocess.run(
-        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
-         "--", *job],
-        capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    run_dir, events = run_events(tmp_path, ["cuda_pinned_loader.py", "300"], 400)
     outside = [e["data"] for e in events if e["kind"] == "stacks_outside"]
     assert [d["state"] for d in outside] == ["outside", "usage"], outside
     activity = [
@@ -133,3 +117,18 @@ def test_a_cuda_jobs_waits_and_its_pin_memory_thread_are_sampled_from_outside(
     # waited for work: "idle" is a state only a loading thread's samples have.
     assert sum(c.get("ipc_wait", 0) for c in mine) >= 10
     assert sum(c.get("idle", 0) for c in mine) >= 10
+
+
+def run_events(tmp_path: Path, script: list[str], timeout_s: int) -> tuple[Path, list[Any]]:
+    """``trainmedic run`` of a script of ``tests/scripts`` (with its arguments): the run
+    directory and its events, once it exited 0."""
+    run_dir = tmp_path / "run"
+    job = [sys.executable, str(SCRIPTS / script[0]), *script[1:]]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainmedic", "run", "--quiet", "--no-html", "--out", str(run_dir),
+         "--", *job],
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return run_dir, events
