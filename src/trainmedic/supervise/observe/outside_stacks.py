@@ -278,7 +278,10 @@ class OutsideStacks:
 
     def _rate(self, known: bool) -> int:
         with self._lock:
-            active = max(1, sum(1 for t in self._threads.values() if t.is_alive()))
+            # Only the processes sampled now share the rate: a launcher waiting in the
+            # pause, never handed over, takes none of it.
+            handed = tuple(self.handed)  # copied in one C call: other watchers add to it
+            active = max(1, sum(1 for pid in handed if self._threads[pid].is_alive()))
         return max(MIN_RATE, min(KNOWN_RATE if known else RATE, TOTAL_RATE // active))
 
     def _started(self, pid: int) -> Callable[[subprocess.Popen[bytes]], None]:
