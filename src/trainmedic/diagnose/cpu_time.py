@@ -45,6 +45,7 @@ class CpuTime:
         job_runnable_cores: the job's threads running or waiting, on average
             (its demand for CPUs).
         steal_pct: hypervisor steal, percent of all cores.
+        tool_cpu_cores: trainmedic's own CPU (supervisor, py-spy), cores.
         throttled_share: share of wall time the job's cgroup was throttled, 0..1.
     """
 
@@ -60,6 +61,7 @@ class CpuTime:
     job_runnable_cores: float | None = None
     steal_pct: float | None = None
     throttled_share: float | None = None
+    tool_cpu_cores: float | None = None
 
     def useful_cores(self, job_cpu_cores: float | None, compute_share: float | None,
                      usable_cores: float | None) -> float | None:  # fmt: skip
@@ -84,6 +86,22 @@ class CpuTime:
         threads = max(1.0, self.train_threads or 1.0)
         room = max(0.0, (usable_cores or 1.0) - 1.0) * threads
         return min(self.helper_cpu_cores, (compute_share or 0.0) * room)
+
+    def tool_wait_share(self, usable_cores: float | None) -> float:
+        """The share of the training thread's time it waited for a CPU that trainmedic's
+        own CPU explains, 0..:attr:`train_wait_share`.
+
+        Only what the tool's CPU pushes beyond the cores displaces the job: with the job's
+        threads filling ``usable_cores``, each core-second the tool runs is taken from
+        them evenly, so a training thread loses ``tool / max(runnable, cores)`` of its
+        time (0.08 cores of supervisor and py-spy beside two busy threads on 2 cores: 4 %).
+        """
+        wait, tool = self.train_wait_share, self.tool_cpu_cores
+        runnable = self.job_runnable_cores
+        if not wait or not tool or runnable is None or not usable_cores:
+            return 0.0
+        displaced = min(tool, max(0.0, runnable + tool - usable_cores))
+        return min(wait, displaced / max(runnable, usable_cores))
 
 
 def measure(host: Sequence[HostSample]) -> CpuTime:
@@ -128,6 +146,10 @@ def measure(host: Sequence[HostSample]) -> CpuTime:
         job_runnable_cores=None if job_wait is None or job_cpu is None else job_wait + job_cpu,
         steal_pct=mean(lambda h: h.steal_pct, list(zip(host, periods, strict=True))),
         throttled_share=_throttled_share(host),
+        tool_cpu_cores=mean(
+            lambda h: None if h.tool_cpu_pct is None else h.tool_cpu_pct / 100.0,
+            list(zip(host, periods, strict=True)),
+        ),
     )
 
 

@@ -330,6 +330,7 @@ HOST_KEYS: dict[str, str] = {
     "loader_wait_cores": "lw",
     "job_wait_cores": "jw",
     "job_threads": "jt",
+    "tool_cpu_pct": "xc",
 }
 _HOST_REQUIRED = (
     "t",

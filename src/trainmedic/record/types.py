@@ -175,6 +175,9 @@ class HostSample:
             worker processes.
         job_wait_cores: every thread of the job's process tree, waiting.
         job_threads: threads in the job's process tree.
+        tool_cpu_pct: trainmedic's own CPU on this host (the supervisor and the
+            processes it runs, such as py-spy sampling the job), percent of one
+            core; it is in neither ``job_cpu_pct`` nor ``others_cpu_pct``.
     """
 
     t: float
@@ -203,6 +206,7 @@ class HostSample:
     loader_wait_cores: float | None = None
     job_wait_cores: float | None = None
     job_threads: int | None = None
+    tool_cpu_pct: float | None = None
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,7 @@ LABELS: Mapping[str, str] = {
     "num_workers": "num_workers now: {v}",
     "train_cpu_wait_share": "the training thread waited for a CPU {v} of its time",
     "train_cpu_wait_max_share": "the training thread waited for a CPU up to {v} of its time",
+    "tool_cpu_wait_share": "{v} of its time went to trainmedic's own CPU",
     "loading_cpu_wait_share": "the loading processes waited for a CPU {v} of their time",
     "contended_steps_slowdown_share": "steps during the contention ran {v} slower",
     "throttled_time_share": "clocks held down {v} of the time",

@@ -318,6 +318,7 @@ class HostSampler:
             loader_wait_cores=threads.loader_wait_cores if threads else None,
             job_wait_cores=threads.job_wait_cores if threads else None,
             job_threads=threads.job_threads if threads else None,
+            tool_cpu_pct=own_pct,
         )
 
     def _read_threads(self, now: float) -> ThreadReading | None:
