@@ -110,7 +110,8 @@ def measure(host: Sequence[HostSample]) -> CpuTime:
     if not host:
         return CpuTime()
     periods = _periods([h.t for h in host])
-    measured = [(h, p) for h, p in zip(host, periods, strict=True) if h.train_threads]
+    every = list(zip(host, periods, strict=True))
+    measured = [(h, p) for h, p in every if h.train_threads]
 
     def mean(value: Callable[[HostSample], float | None], rows: Sequence[tuple[HostSample, float]]
              ) -> float | None:  # fmt: skip
@@ -122,7 +123,7 @@ def measure(host: Sequence[HostSample]) -> CpuTime:
                 den += p
         return num / den if den > 0 else None
 
-    any_threads = [(h, p) for h, p in zip(host, periods, strict=True) if h.job_threads]
+    any_threads = [(h, p) for h, p in every if h.job_threads]
     loaders = [(h, p) for h, p in any_threads if h.loader_cpu_cores is not None]
     loader_cpu = mean(lambda h: h.loader_cpu_cores, loaders)
     loader_wait = mean(lambda h: h.loader_wait_cores, loaders)
@@ -144,11 +145,10 @@ def measure(host: Sequence[HostSample]) -> CpuTime:
         loader_wait_share=loader_share,
         job_wait_cores=job_wait,
         job_runnable_cores=None if job_wait is None or job_cpu is None else job_wait + job_cpu,
-        steal_pct=mean(lambda h: h.steal_pct, list(zip(host, periods, strict=True))),
+        steal_pct=mean(lambda h: h.steal_pct, every),
         throttled_share=_throttled_share(host),
         tool_cpu_cores=mean(
-            lambda h: None if h.tool_cpu_pct is None else h.tool_cpu_pct / 100.0,
-            list(zip(host, periods, strict=True)),
+            lambda h: None if h.tool_cpu_pct is None else h.tool_cpu_pct / 100.0, every
         ),
     )
 
