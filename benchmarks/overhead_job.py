@@ -17,6 +17,12 @@ interpreter lock another thread of the job holds, as a plain loop with no
 workers does no I/O), its involuntary ones (preempted), and the voluntary ones
 of every other thread of the process (their wake-ups).
 
+``--until FILE`` trains until FILE exists (looked for every 16 steps, in place
+of ``--steps``), ``--started FILE`` is created when the loop begins, and
+``--stamps-out FILE`` writes every step's end (``time.perf_counter()``, one a
+line, the first line the loop's start): what ``turns.py`` needs to count only
+the steps taken while the job had the machine.
+
 ``--times-out`` writes every step's time (seconds, one a line) and, to
 ``FILE.end``, the loop's last ``time.perf_counter()`` (the system's monotonic
 clock, so that steps can be lined up with what other processes did when).
@@ -68,24 +74,32 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profiler", action="store_true")
     parser.add_argument("--times-out", help="write every step's time (seconds, one a line) here")
+    parser.add_argument("--until", help="train until this file exists (instead of --steps)")
+    parser.add_argument("--started", help="create this file when the loop begins")
+    parser.add_argument("--stamps-out", help="write every step's end (perf_counter) here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     job = build(args.model)
     profiler = torch.profiler.profile() if args.profiler else contextlib.nullcontext()
     step_times = []
     step = 0
+    until = args.until
+    steps = args.steps if until is None else max(args.steps, 10**9)
     with profiler:
         switches0 = switches()
         thread0, process0 = time.thread_time(), time.process_time()
         start = last = time.perf_counter()
-        while step < args.steps:
+        if args.started:
+            open(args.started, "w").close()
+        while step < steps:
             for x, y in job.loader:
                 job.step(x, y)
                 now = time.perf_counter()
                 step_times.append(now - last)
                 last = now
                 step += 1
-                if step == args.steps:
+                if step == steps or (until and step % 16 == 0 and os.path.exists(until)):
+                    steps = step
                     break
         loop_s = time.perf_counter() - start
         thread_s = time.thread_time() - thread0
@@ -98,6 +112,12 @@ def main():
             for tid, (v, _) in switches1.items()
             if tid != threading.get_native_id()
         }
+    if args.stamps_out:
+        ends = [start]
+        for t in step_times:
+            ends.append(ends[-1] + t)
+        with open(args.stamps_out, "w") as f:
+            f.write("".join(f"{t!r}\n" for t in ends))
     if args.times_out:
         with open(args.times_out, "w") as f:
             f.write("".join(f"{t!r}\n" for t in step_times))
