@@ -110,14 +110,15 @@ everything but the stack sampler - where ``trainmedic run``'s cost goes."""
 
 
 def ablation_modes(parts: tuple[str, ...] = ABLATED_PARTS) -> tuple[Mode, ...]:
-    """``--no-probe``, then the probe without each of ``parts`` in turn."""
+    """``--no-probe``, then the probe without each of ``parts`` in turn (``a+b``: the
+    parts ``a`` and ``b`` off together)."""
     return (
         Mode("trainmedic run --no-probe", "run", ("--no-probe",)),
         *(
             Mode(
-                f"trainmedic run, probe without {part}",
+                f"trainmedic run, probe without {part.replace('+', ' and ')}",
                 "run",
-                env=(("TRAINMEDIC_PROBE_DISABLE", part),),
+                env=(("TRAINMEDIC_PROBE_DISABLE", part.replace("+", ",")),),
             )
             for part in parts
         ),

@@ -14,7 +14,8 @@ counts work instead, for each job of ``bench_models``:
 
 Both run the hooks as under ``trainmedic run`` but without the probe's
 threads (stack sampling and sending), which are measured by
-``probe_overhead.py``.
+``probe_overhead.py``; the steps go into a shared-memory ring as once the
+supervisor took it (``--disable ring``: queued for the probe's thread instead).
 
     python benchmarks/probe_instructions.py [--models tiny,mlp,deep] [--disable PART,...]
         [--by-function] [--valgrind] [--steps 680]
@@ -61,6 +62,13 @@ def _job(model: str, probed: bool, disable: frozenset[str] = frozenset()) -> Any
         probe.failed = False
         probe._agent = threading.Thread()
         probe._install_torch(torch)
+        if "ring" not in disable:
+            # The steps go into a shared-memory ring, as once the supervisor took it
+            # (no reader maps it here: the ring overwrites what nobody read).
+            from trainmedic.channel.ring import RingWriter
+            from trainmedic.probe.steprings import RingSteps
+
+            probe.ring = RingSteps(RingWriter(), probe.wall_offset, probe.outbox)
         if probe.detail is not None:
             import random
 

@@ -25,7 +25,7 @@ cycle) with its interval.
 
     python benchmarks/turns.py [--models mlp,deep] [--rounds 10] [--cycles 20]
         [--slice 0.5] [--settle 0.1] [--threads 1] [--split] [--ablate-parts a,b]
-        [--session]
+        [--session] [--baseline-src DIR]
 
 ``--split`` adds ``overhead.py``'s split of the probe (the hooks alone, the
 probe's thread alone, everything but the stack sampler); ``--ablate-parts``
@@ -257,10 +257,17 @@ def main() -> None:
         "--split", action="store_true", help="also the hooks alone, the probe's thread alone, ..."
     )
     parser.add_argument(
-        "--ablate-parts", default="", help="also runs with these probe parts off, one at a time"
+        "--ablate-parts",
+        default="",
+        help="also runs with these probe parts off, one at a time (a+b: both at once)",
     )
     parser.add_argument(
         "--session", action="store_true", help="also the plain job in a session of its own"
+    )
+    parser.add_argument(
+        "--baseline-src",
+        default="",
+        help="also trainmedic run with the trainmedic package under this src directory",
     )
     args = parser.parse_args()
     modes: tuple[Mode, ...] = TURN_MODES + ((SESSION_MODE,) if args.session else ())
@@ -269,7 +276,12 @@ def main() -> None:
     modes += tuple(m for m in SPLIT_MODES if args.split and m not in modes)
     import trainmedic
 
-    for t in (Path(trainmedic.__file__).resolve().parent, HERE):
+    trees = [Path(trainmedic.__file__).resolve().parent, HERE]
+    if args.baseline_src:
+        src = str(Path(args.baseline_src).resolve())
+        modes += (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", src),)),)
+        trees.append(Path(src))
+    for t in trees:
         compileall.compile_dir(t, quiet=1)
     lines = [
         f"rounds: {args.rounds}, {args.cycles} turns of {args.slice:g} s per mode a round "

@@ -117,7 +117,9 @@ def test_healthy_compute_bound_run_has_no_warning_or_error(tmp_path: Path) -> No
 
 
 def test_heavy_transform_with_zero_workers_is_named_first(tmp_path: Path) -> None:
-    run = run_job(tmp_path, "augment_no_workers.py", "--steps", "60")
+    # 150 steps: seconds of training after the hand-over to the outside sampler
+    # (HANDOVER_AFTER_S) even on a fast machine, where 60 steps ended 0.4 s after it.
+    run = run_job(tmp_path, "augment_no_workers.py", "--steps", "150")
     ev = assert_first(run, "input.workers", "framework_config")
     assert ev["num_workers"] == 0
     assert ev["data_wait_share"] >= 0.2

@@ -3,6 +3,7 @@ and what the steps measured without them say (and do not say)."""
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -627,3 +628,75 @@ def test_with_torch_the_gap_steps_go_to_the_outbox_numbered_with_the_others() ->
         assert d.phase == "train" and d.source == "optimizer"
         assert d.duration_s == pytest.approx(0.0005)
         assert d.data_wait_s == 0.0  # the fake clock stands still inside the fetch
+
+
+# --- gap steps written straight into the shared-memory ring (RingSteps.gap_step) --------------
+
+
+class RingJob(Job):
+    """A :class:`Job` whose steps go into a step ring, as a probe's do once the
+    supervisor took it: the gap steps straight from their segments."""
+
+    def __init__(self, seed: int, steps: Any, armed: bool) -> None:
+        self.ring_steps = steps
+        super().__init__(seed=seed, armed=armed)
+
+    def _emit(self, draft: StepDraft) -> None:
+        self.general += 1
+        self.ring_steps.append(draft)  # as the probe's _on_draft does with a ring
+        self.switch.step_ended(draft)
+        if self.armed:
+            self.switch.arm_gap(self.ring_steps, 1 << 30, self.ring_steps.gap_step)
+
+
+def _ring_job(seed: int, armed: bool) -> tuple[RingJob, Any]:
+    from collections import deque
+
+    from trainmedic.channel.ring import RingReader, RingWriter
+    from trainmedic.probe.steprings import RingSteps
+
+    writer = RingWriter(capacity=4096)
+    assert writer.fd is not None
+    reader = RingReader(os.dup(writer.fd), pid=7, rank=None)
+    return RingJob(seed, RingSteps(writer, 1.7e9, deque()), armed), reader
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gap_steps_written_into_the_ring_are_the_records_their_drafts_make(seed: int) -> None:
+    from trainmedic.channel import ring
+
+    if not ring.available():
+        pytest.skip("no memfd_create here")
+    (armed, armed_reader), (general, general_reader) = _ring_job(seed, True), _ring_job(seed, False)
+    steps = WARMUP_STEPS + 6 * GAP_STEPS[1]
+    assert _drive(armed, seed, steps) == _drive(general, seed, steps)
+    via_gap, via_drafts = armed_reader.drain(), general_reader.drain()
+    assert len(via_gap) == len(via_drafts) == general.general
+    assert via_gap == via_drafts  # every field, to the bit
+    # Most of the armed job's steps went into the ring without a draft.
+    assert armed.general < 0.5 * len(via_gap)
+    assert not armed.ring_steps.overflow
+    a, g = armed.ring_steps, general.ring_steps
+    assert (a.train_s, a.wait_s, a.train_steps) == (g.train_s, g.wait_s, g.train_steps)
+    assert a.train_steps == general.tracker.train_steps
+
+
+def test_a_gap_step_the_ring_cannot_hold_goes_to_the_outbox_as_its_draft() -> None:
+    from collections import deque
+
+    from trainmedic.channel import ring
+    from trainmedic.probe.segments import Segment
+    from trainmedic.probe.steprings import RingSteps
+
+    if not ring.available():
+        pytest.skip("no memfd_create here")
+    overflow: deque[Any] = deque()
+    steps = RingSteps(ring.RingWriter(capacity=8), 0.0, overflow)
+    seg = Segment.of(t_start=1.0, fetches=1, loader_wait=0.25, loader_samples=1 << 70,
+                     partial=True)  # fmt: skip
+    steps.gap_step(12, 2.0, seg)
+    ((draft, timing, alloc),) = overflow
+    assert (draft.step, draft.phase, draft.source, draft.t_end) == (12, "train", "optimizer", 2.0)
+    assert (draft.duration_s, draft.data_wait_s, draft.samples) == (1.0, 0.25, 1 << 70)
+    assert timing is None and alloc is None
+    assert steps.writer.written == 0 and steps.train_steps == 0

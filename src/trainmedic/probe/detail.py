@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from trainmedic.probe.seams import ForwardSeam
-    from trainmedic.probe.segments import StepDraft
+    from trainmedic.probe.segments import Segment, StepDraft
     from trainmedic.probe.steps import GapSteps, StepTracker
 
 WARMUP_STEPS = 32
@@ -238,17 +238,22 @@ class DetailSwitch:
         stretch = GAP_MIN_S / (step_s * _MEAN_GAP_STEPS)
         return max(gap, int(gap * stretch))
 
-    def arm_gap(self, out: Any, limit: int) -> None:
+    def arm_gap(
+        self, out: Any, limit: int, write: Callable[[int, float, Segment], None] | None = None
+    ) -> None:
         """After :meth:`step_ended`: while the hooks stay off for more than the next
         step, let the tracker close those steps by itself, their drafts going to
-        ``out`` while it holds fewer than ``limit`` (see :class:`~trainmedic.probe.steps.GapSteps`).
+        ``out`` while it holds fewer than ``limit``, or their records to ``write``
+        (see :class:`~trainmedic.probe.steps.GapSteps`).
         The last step of the gap always comes back here and turns the hooks on."""
         if self.on or self.partly_on or not self.enabled or self._countdown < 2:
             return
         forward = self.forward
         if forward is not None and forward.pending:
             return
-        gap = self.tracker.arm_gap(self._countdown - 1, self._last_end, LONG_STEP_S, out, limit)
+        gap = self.tracker.arm_gap(
+            self._countdown - 1, self._last_end, LONG_STEP_S, out, limit, write
+        )
         if gap is not None:
             self._armed = gap
             self._countdown -= gap.left  # what is left of it comes back at step_ended()

@@ -501,7 +501,10 @@ class Probe(ProbeAgent, ProbeIncidents):
             self.dropped += 1
         if detail is not None and not detail.on and window is None and not self.failed:
             try:  # the next steps of a gap end in the tracker alone (probe.steps.GapSteps)
-                detail.arm_gap(self.outbox if ring is None else ring, MAX_OUTBOX)
+                if ring is None:
+                    detail.arm_gap(self.outbox, MAX_OUTBOX)
+                else:
+                    detail.arm_gap(ring, MAX_OUTBOX, ring.gap_step)
             except Exception as exc:
                 self.detail_failed(exc)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 
 from trainmedic.channel.ring import NONE
+from trainmedic.probe.segments import make_draft
+from trainmedic.probe.steps import TRAIN
 
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
@@ -23,9 +25,12 @@ if TYPE_CHECKING:
     from typing import Any
 
     from trainmedic.channel.ring import RingWriter
-    from trainmedic.probe.segments import StepDraft
+    from trainmedic.probe.segments import Segment, StepDraft
 
 _NAN = float("nan")
+GAP_SOURCE = "optimizer"
+"""What ends a gap step (:class:`~trainmedic.probe.steps.GapSteps`)."""
+GAP_PHASE = TRAIN
 
 
 class RingSteps:
@@ -41,14 +46,17 @@ class RingSteps:
         overflow: where a step goes that the ring cannot name (the outbox).
     """
 
-    __slots__ = ("_codes", "_taken", "overflow", "train_s", "train_steps", "wait_s", "wall_offset",
-                 "writer")  # fmt: skip
+    __slots__ = ("_codes", "_gap_codes", "_taken", "overflow", "train_s", "train_steps", "wait_s",
+                 "wall_offset", "writer")  # fmt: skip
 
     def __init__(self, writer: RingWriter, wall_offset: float, overflow: deque[Any]) -> None:
         self.writer = writer
         self.wall_offset = wall_offset
         self.overflow = overflow
         self._codes: dict[str, int] = {}
+        source, phase = self._code(GAP_SOURCE), self._code(GAP_PHASE)
+        self._gap_codes = None if source is None or phase is None else (source, phase)
+        """The codes of a gap step's source and phase (``None``: the name table is full)."""
         self.train_s = 0.0
         """Summed duration of the train steps written, seconds."""
         self.wait_s = 0.0
@@ -110,6 +118,50 @@ class RingSteps:
             self.wait_s += data_wait
             self.train_steps += 1
 
+    def gap_step(self, step: int, t_end: float, seg: Segment) -> None:
+        """Write a step that :meth:`StepTracker.optimizer_exit
+        <trainmedic.probe.steps.StepTracker.optimizer_exit>` closed by itself (a
+        *gap* step), straight from its segment: the record :meth:`add` writes for
+        its draft, without making one.
+
+        What a gap step always is (:meth:`StepTracker.arm_gap
+        <trainmedic.probe.steps.StepTracker.arm_gap>`): a train step ended by the
+        lead optimizer, without the compute hooks (partial: no compute time), that
+        fetched at least one batch (its data wait is the loader wait), with no
+        CUDA timing or allocator reading and no forward call seen (no autocast
+        state, no forward batch size).
+
+        Args:
+            step: its number among the train steps.
+            t_end: when it ended (the probe's clock, seconds).
+            seg: its accumulators.
+        """
+        codes = self._gap_codes
+        t_start = seg.t_start
+        if codes is None or t_start is None:
+            self.append(_gap_draft(step, t_end, seg))
+            return
+        # StepDraft.times() for such a segment, written out.
+        duration = t_end - t_start - seg.excluded
+        if duration < 0.0:
+            duration = 0.0
+        wait = seg.loader_wait
+        if wait > duration:
+            wait = duration
+        samples = seg.loader_samples
+        try:
+            self.writer.write(
+                step, t_end + self.wall_offset, duration, wait, _NAN, _NAN,
+                NONE if samples is None else samples, NONE, NONE, NONE, NONE,
+                codes[0], codes[1], NONE,
+            )  # fmt: skip
+        except (struct.error, TypeError, ValueError, OverflowError):
+            self.overflow.append((_gap_draft(step, t_end, seg), None, None))
+            return
+        self.train_s += duration
+        self.wait_s += wait
+        self.train_steps += 1
+
     def _code(self, name: str) -> int | None:
         code = self.writer.code(name)
         if code is not None:
@@ -121,6 +173,10 @@ class RingSteps:
         now = (self.train_s, self.wait_s, self.train_steps)
         last, self._taken = self._taken, now
         return now[0] - last[0], now[1] - last[1], now[2] - last[2]
+
+
+def _gap_draft(step: int, t_end: float, seg: Segment) -> StepDraft:
+    return make_draft((step, GAP_PHASE, GAP_SOURCE, t_end, seg))
 
 
 def _count(value: int | None) -> int:

@@ -53,8 +53,11 @@ optimizer's post-step hook, no region open, no phase, a partial segment. The
 detail switch then arms a :class:`GapSteps`; while it is armed,
 :meth:`StepTracker.optimizer_exit` closes such a step itself in a few lines and
 queues its draft, without the general close, the probe's step callback and the
-detail switch's count (three Python calls a step). Anything else the tracker
-is told disarms it, and the next step ends the general way.
+detail switch's count (three Python calls a step); once the supervisor has
+taken the shared-memory ring, it writes the step's record there itself
+(:meth:`~trainmedic.probe.steprings.RingSteps.gap_step`), without a draft.
+Anything else the tracker is told disarms it, and the next step ends the
+general way.
 
 Phases: time inside ``trainmedic.phase(name)`` is kept out of the train step
 around it and reported as a record of that phase. Without the API, a step
@@ -122,9 +125,12 @@ class GapSteps:
         last_end: when the last step ended (tracker clock, seconds).
         long_s: a step at least this long (seconds) ends the general way.
         out: where the drafts go (the probe's outbox).
+        write: ``write(step, t_end, segment)`` records a gap step without a draft
+            (:meth:`~trainmedic.probe.steprings.RingSteps.gap_step`: straight into
+            the shared-memory ring), or ``None``: drafts go to ``out``.
     """
 
-    __slots__ = ("last_end", "lead", "left", "long_s", "out")
+    __slots__ = ("last_end", "lead", "left", "long_s", "out", "write")
 
     def __init__(
         self,
@@ -133,12 +139,14 @@ class GapSteps:
         last_end: float,
         long_s: float,
         out: Any,
+        write: Callable[[int, float, Segment], None] | None = None,
     ) -> None:
         self.lead = lead
         self.left = left
         self.last_end = last_end
         self.long_s = long_s
         self.out = out
+        self.write = write
 
 
 @dataclass
@@ -491,7 +499,11 @@ class StepTracker:
                 by_phase = self.steps_by_phase
                 number = by_phase[TRAIN] + 1
                 by_phase[TRAIN] = number
-                gap.out.append(make_draft((number, TRAIN, "optimizer", now, seg)))
+                write = gap.write
+                if write is None:
+                    gap.out.append(make_draft((number, TRAIN, "optimizer", now, seg)))
+                else:
+                    write(number, now, seg)
                 return
             self.gap = None
         regions = self._regions
@@ -689,7 +701,13 @@ class StepTracker:
         self.emit(make_draft((number, phase, source, t_end, seg)))
 
     def arm_gap(
-        self, left: int, last_end: float, long_s: float, out: Any, limit: int
+        self,
+        left: int,
+        last_end: float,
+        long_s: float,
+        out: Any,
+        limit: int,
+        write: Callable[[int, float, Segment], None] | None = None,
     ) -> GapSteps | None:
         """Let :meth:`optimizer_exit` close up to ``left`` next steps by itself (see
         :class:`GapSteps` for the arguments), when they can only end the way it
@@ -713,7 +731,7 @@ class StepTracker:
             or not self._seg.partial
         ):
             return None
-        self.gap = gap = GapSteps(self._lead, left, last_end, long_s, out)
+        self.gap = gap = GapSteps(self._lead, left, last_end, long_s, out, write)
         return gap
 
     # --- phases ------------------------------------------------------------------------------
