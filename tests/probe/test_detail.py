@@ -700,3 +700,84 @@ def test_a_gap_step_the_ring_cannot_hold_goes_to_the_outbox_as_its_draft() -> No
     assert (draft.duration_s, draft.data_wait_s, draft.samples) == (1.0, 0.25, 1 << 70)
     assert timing is None and alloc is None
     assert steps.writer.written == 0 and steps.train_steps == 0
+
+
+class SlowFetches:
+    """A dataset each of whose rows takes 0.1 ms of the fake clock to load."""
+
+    def __init__(self, torch: Any, t: list[float]) -> None:
+        self.t = t
+        self.x, self.y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        self.t[0] += 0.0001
+        return self.x[i], self.y[i]
+
+
+def _torch_ring_records(torch: Any, armed: bool, steps: int) -> tuple[list[Any], int]:
+    """Train :class:`TorchJob` under a probe whose steps go into a ring; returns the
+    records read back and how many steps ended the general way."""
+    import threading
+    from collections import deque
+
+    from torch.utils.data import DataLoader
+
+    from trainmedic.channel.ring import RingReader, RingWriter
+    from trainmedic.probe import torch_hooks
+    from trainmedic.probe.env import ProbeConfig
+    from trainmedic.probe.runtime import Probe
+    from trainmedic.probe.steprings import RingSteps
+
+    t = [1000.0]
+    p = Probe(ProbeConfig("unix:/nonexistent", "t", None, frozenset(), frozenset()),
+              clock=lambda: t[0])  # fmt: skip
+    p.failed = False
+    p._agent = threading.Thread()  # a probe that sends, by a thread that never starts here
+    p._install_torch(torch)
+    assert p.tracker is not None and p.detail is not None
+    p.detail.compiled = lambda: False  # whatever other tests compiled in this process
+    p.detail.rng = random.Random(3)
+    if not armed:
+        p.detail.arm_gap = lambda *args: None  # type: ignore[method-assign]
+    writer = RingWriter(capacity=4096)
+    assert writer.fd is not None
+    reader = RingReader(os.dup(writer.fd), pid=1, rank=None)
+    p.ring = RingSteps(writer, 0.0, deque())
+    general = [0]
+    on_draft = p._on_draft
+
+    def counted(draft: StepDraft) -> None:
+        general[0] += 1
+        on_draft(draft)
+
+    p.tracker.emit = counted
+    job = TorchJob(torch, t)
+    job.loader = DataLoader(SlowFetches(torch, t), batch_size=4)
+    try:
+        job.train(steps)
+    finally:
+        torch_hooks.uninstall(p)
+    return reader.drain(), general[0]
+
+
+def test_with_torch_the_gap_steps_in_the_ring_are_the_records_the_general_close_writes() -> None:
+    torch = pytest.importorskip("torch")
+    from trainmedic.channel import ring
+
+    if not ring.available():
+        pytest.skip("no memfd_create here")
+    steps = WARMUP_STEPS + 2 * (GAP_STEPS[1] + WINDOW_STEPS)
+    armed, armed_general = _torch_ring_records(torch, True, steps)
+    plain, plain_general = _torch_ring_records(torch, False, steps)
+    assert [r.step for r in armed] == list(range(1, steps + 1))
+    assert armed == plain  # every field of every step
+    assert plain_general == steps and armed_general < steps - GAP_STEPS[0]
+    gap = [r for r in armed if r.compute_s is None]
+    assert len(gap) >= GAP_STEPS[0]
+    for r in gap:  # four rows of 0.1 ms each, then the 0.5 ms the step itself moves on
+        assert r.data_wait_s == pytest.approx(0.0004)
+        assert r.duration_s == pytest.approx(0.0009)
+        assert r.samples == 4 and r.source == "optimizer" and r.phase == "train"

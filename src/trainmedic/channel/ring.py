@@ -59,9 +59,12 @@ CAPACITY = 16384
 """Records the ring holds: 1.8 MiB, about 12 s of 0.7 ms steps (the supervisor
 reads it every :data:`~trainmedic.channel.server.DRAIN_S`)."""
 NONE = -1
-_RECORD_BYTES = RECORD.size
+RECORD_BYTES = RECORD.size
+_RECORD_BYTES = RECORD_BYTES
 _NAMES_AT = HEADER_BYTES
-_RECORDS_AT = HEADER_BYTES + NAME_SLOTS * NAME_BYTES
+RECORDS_AT = HEADER_BYTES + NAME_SLOTS * NAME_BYTES
+"""Where record slot 0 begins, bytes from the start of the file."""
+_RECORDS_AT = RECORDS_AT
 
 
 def ring_bytes(capacity: int) -> int:
@@ -86,9 +89,13 @@ class RingWriter:
     Attributes:
         fd: the file's descriptor, to send to the supervisor (:meth:`close_fd` after).
         written: records written so far.
+        map: the mapping; ``pack(map, offset, *fields)`` writes a record at
+            ``offset`` (:data:`RECORD`'s ``pack_into``). :meth:`write` is the way to
+            write one; a writer that must save its call (the probe's step of a
+            gap, on the training thread at every step) does what it does inline.
     """
 
-    __slots__ = ("_codes", "_map", "_pack", "capacity", "fd", "written")
+    __slots__ = ("_codes", "capacity", "fd", "map", "pack", "written")
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         fd = os.memfd_create("trainmedic-steps", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -97,16 +104,16 @@ class RingWriter:
             # Sealed at its size: the supervisor maps it, and a file that shrank
             # under a mapping would kill the reader with SIGBUS.
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            self._map = mmap.mmap(fd, ring_bytes(capacity))
+            self.map = mmap.mmap(fd, ring_bytes(capacity))
         except BaseException:
             os.close(fd)
             raise
-        HEADER.pack_into(self._map, 0, MAGIC, RECORD.size, capacity)
+        HEADER.pack_into(self.map, 0, MAGIC, RECORD.size, capacity)
         self.fd: int | None = fd
         self.capacity = capacity
         self.written = 0
         self._codes: dict[str, int] = {}
-        self._pack = RECORD.pack_into
+        self.pack = RECORD.pack_into
 
     def close_fd(self) -> None:
         """Close the descriptor (the mapping stays): once the supervisor has its copy."""
@@ -126,8 +133,8 @@ class RingWriter:
             return None
         at = _NAMES_AT + code * NAME_BYTES
         # The text before its length: a reader that sees the length sees the name.
-        self._map[at + 1 : at + 1 + len(raw)] = raw
-        self._map[at] = len(raw)
+        self.map[at + 1 : at + 1 + len(raw)] = raw
+        self.map[at] = len(raw)
         self._codes[name] = code
         return code
 
@@ -150,8 +157,8 @@ class RingWriter:
     ) -> None:
         """Write one record (NaN and :data:`NONE` for missing values; names as codes)."""
         seq = self.written + 1
-        self._pack(
-            self._map, _RECORDS_AT + (self.written % self.capacity) * _RECORD_BYTES, seq, step, t,
+        self.pack(
+            self.map, _RECORDS_AT + (self.written % self.capacity) * _RECORD_BYTES, seq, step, t,
             duration_s, data_wait_s, compute_s, gpu_time_s, samples, alloc_peak,
             reserved_peak, retries, ooms, source, phase, autocast, seq,
         )  # fmt: skip

@@ -178,7 +178,6 @@ class StepTracker:
         "_phases",
         "_region_t0",
         "_regions",
-        "_seg",
         "compiled_lead",
         "detail",
         "emit",
@@ -189,6 +188,7 @@ class StepTracker:
         "loader_since",
         "mode",
         "outside_since",
+        "segment",
         "steps_by_phase",
         "wants_batch",
         "work",
@@ -201,7 +201,9 @@ class StepTracker:
         self.listener = listener
         self.mode: str | None = None
         self.steps_by_phase: dict[str, int] = {}
-        self._seg = Segment()
+        self.segment = Segment()
+        """What the step being accumulated now has gathered (the loader hook adds a
+        gap step's fetch to it itself, :mod:`trainmedic.probe.torch_hooks`)."""
         self._held: list[Segment] = []
         self._region_t0 = 0.0
         # Open compute regions, outermost first (``forward``, ``backward``, ``optimizer``).
@@ -288,7 +290,7 @@ class StepTracker:
         return bool(self.steps_by_phase)
 
     def _new_segment(self, t_start: float | None) -> None:
-        self._seg = seg = Segment()
+        self.segment = seg = Segment()
         if t_start is not None:
             seg.t_start = t_start
         if not self.detail:
@@ -305,7 +307,7 @@ class StepTracker:
         self.gap = None
         self.detail = on
         if boundary or not on:
-            self._seg.partial = not on
+            self.segment.partial = not on
 
     # --- compute regions ---------------------------------------------------------------
 
@@ -324,7 +326,7 @@ class StepTracker:
         """An outermost compute region begins (the hot paths inline this)."""
         self._region_t0 = now
         self.work += 1
-        seg = self._seg
+        seg = self.segment
         if not seg.compute_seen:
             self._first_compute(seg, now)
 
@@ -338,7 +340,7 @@ class StepTracker:
         else:
             return
         if not regions:
-            self._seg.compute += max(0.0, now - self._region_t0)
+            self.segment.compute += max(0.0, now - self._region_t0)
             self.outside_since = now
 
     def _abandon_region(self, kind: str, now: float) -> None:
@@ -358,7 +360,7 @@ class StepTracker:
         self.work += 1
         self._region_t0 = now
         regions.append("forward")
-        seg = self._seg
+        seg = self.segment
         if not seg.compute_seen:
             self._first_compute(seg, now)
         if self.wants_batch:
@@ -372,7 +374,7 @@ class StepTracker:
         self.forwards += 1
         inside_optimizer = "optimizer" in self._regions
         self._regions.append("forward")
-        seg = self._seg
+        seg = self.segment
         if self.wants_batch:
             self._first_forward(seg, samples, autocast, inside_optimizer)
         if not grad_enabled and not inside_optimizer:
@@ -403,15 +405,15 @@ class StepTracker:
         regions = self._regions
         if regions == _FORWARD_ONLY:
             regions.pop()
-            seg = self._seg
+            seg = self.segment
             seg.compute += now - self._region_t0  # a monotonic clock: never negative
             self.outside_since = now
             if not grad_enabled and seg.t_start is not None:
                 self._mark(seg, now)
             return
         self.compute_exit(now, "forward")
-        if not regions and not grad_enabled and self._seg.t_start is not None:
-            self._mark(self._seg, now)
+        if not regions and not grad_enabled and self.segment.t_start is not None:
+            self._mark(self.segment, now)
 
     @staticmethod
     def _mark(seg: Segment, now: float) -> None:
@@ -437,7 +439,7 @@ class StepTracker:
         self.loader_since = None
         wait = now - start  # a monotonic clock: never negative
         self.work += 1
-        seg = self._seg
+        seg = self.segment
         if seg.t_start is None:  # the wait began the step
             seg.t_start = start
         if self.listener is not None and not self.detail and seg.start_marker is None:
@@ -471,10 +473,10 @@ class StepTracker:
             self.work += 1
             self._region_t0 = now
             regions.append("optimizer")
-            seg = self._seg
+            seg = self.segment
             if not seg.compute_seen:
                 self._first_compute(seg, now)
-        self.wants_batch = self._seg.optimizer_forward_samples is None
+        self.wants_batch = self.segment.optimizer_forward_samples is None
 
     def optimizer_exit(self, now: float, optimizer: object) -> None:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
@@ -482,7 +484,7 @@ class StepTracker:
         if gap is not None:
             # A gap step (see the module doc): the general close below, written out
             # for this case with the probe's callback and the detail switch's count.
-            seg = self._seg
+            seg = self.segment
             left = gap.left
             if (
                 left
@@ -492,7 +494,7 @@ class StepTracker:
             ):
                 gap.left = left - 1
                 gap.last_end = now
-                self._seg = new = Segment()
+                self.segment = new = Segment()
                 new.t_start = now
                 new.partial = True
                 self.wants_batch = True
@@ -510,7 +512,7 @@ class StepTracker:
         if regions:
             if regions == _OPTIMIZER_ONLY:
                 regions.pop()
-                self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
+                self.segment.compute += now - self._region_t0  # a monotonic clock: never negative
                 self.outside_since = now
             else:
                 self.compute_exit(now, "optimizer")
@@ -526,7 +528,7 @@ class StepTracker:
         mode = self.mode
         if mode != "optimizer":
             if mode == "api":
-                self.wants_batch = self._seg.forward_samples is None
+                self.wants_batch = self.segment.forward_samples is None
                 return
             self.mode = "optimizer"
         lead = self._lead
@@ -537,7 +539,7 @@ class StepTracker:
                 count = self._others.get(optimizer, 0) + 1
                 self._others[optimizer] = count
                 if count < LEAD_TAKEOVER:
-                    self.wants_batch = self._seg.forward_samples is None
+                    self.wants_batch = self.segment.forward_samples is None
                     return
                 self._lead = optimizer
                 self.compiled_lead = False  # a lead whose hook runs is not compiled
@@ -563,7 +565,7 @@ class StepTracker:
         if not regions:
             self.work += 1
             self._region_t0 = now
-            seg = self._seg
+            seg = self.segment
             if not seg.compute_seen:
                 self._first_compute(seg, now)
         regions.append("backward")
@@ -572,7 +574,7 @@ class StepTracker:
         regions = self._regions
         if regions == _BACKWARD_ONLY:
             regions.pop()  # compute_exit's common case, inline
-            self._seg.compute += now - self._region_t0  # a monotonic clock: never negative
+            self.segment.compute += now - self._region_t0  # a monotonic clock: never negative
             self.outside_since = now
         else:
             self.compute_exit(now, "backward")
@@ -588,7 +590,7 @@ class StepTracker:
         if mode == "backward":
             self._close(now, "backward")
             return
-        seg = self._seg
+        seg = self.segment
         seg.begin(now)
         self._held.append(seg)
         self._new_segment(now)
@@ -605,7 +607,7 @@ class StepTracker:
         self.gap = None
         first = self.mode != "api"
         self.mode = "api"
-        seg = self._seg
+        seg = self.segment
         idle = not self._held and not seg.compute_seen and not seg.fetches
         just_ended = seg.t_start is not None and now - seg.t_start < _SAME_MOMENT_S
         if first and self.started and idle and just_ended:
@@ -616,17 +618,17 @@ class StepTracker:
     def _release_held(self, now: float) -> None:
         held, self._held = self._held, []
         for i, seg in enumerate(held):
-            end = held[i + 1].t_start if i + 1 < len(held) else self._seg.t_start
+            end = held[i + 1].t_start if i + 1 < len(held) else self.segment.t_start
             self._finish(seg, end if end is not None else now, "backward", self.phase)
 
     def _close(self, now: float, source: str) -> None:
-        seg = self._seg
+        seg = self.segment
         if self._held:
             seg = merge([*self._held, seg])
             self._held = []
         if seg.t_start is None:
             seg.t_start = now
-        self._seg = new = Segment()
+        self.segment = new = Segment()
         new.t_start = now
         if not self.detail:
             new.partial = True
@@ -728,7 +730,7 @@ class StepTracker:
             or self._phases
             or self._others
             or TRAIN not in self.steps_by_phase
-            or not self._seg.partial
+            or not self.segment.partial
         ):
             return None
         self.gap = gap = GapSteps(self._lead, left, last_end, long_s, out, write)
@@ -739,7 +741,7 @@ class StepTracker:
     def phase_enter(self, now: float, name: str) -> None:
         """``trainmedic.phase(name)`` begins: its time leaves the step around it."""
         self.gap = None
-        self._phases.append(_Phase(name=name, t_start=now, outer=self._seg))
+        self._phases.append(_Phase(name=name, t_start=now, outer=self.segment))
         self._new_segment(now)
 
     def phase_exit(self, now: float) -> None:
@@ -748,14 +750,14 @@ class StepTracker:
             return
         ph = self._phases[-1]
         if ph.steps_inside == 0:
-            self._finish(self._seg, now, "api", ph.name)
+            self._finish(self.segment, now, "api", ph.name)
         self._phases.pop()
         outer = ph.outer
         if outer.t_start is not None:
             outer.excluded += max(0.0, now - ph.t_start)
         if self._phases:
             self._phases[-1].steps_inside += 1
-        self._seg = outer
+        self.segment = outer
         self.wants_batch = outer.forward_samples is None
 
     # --- the end -------------------------------------------------------------------------------
@@ -768,7 +770,7 @@ class StepTracker:
         if self._held and self.mode is None:
             self.mode = "backward"
             self._release_held(now)
-        seg = self._seg
+        seg = self.segment
         if self.mode == "optimizer" and self._is_eval(seg) and seg.mark is not None:
             eval_part, _ = self._split(seg, seg.mark)
             self._finish(eval_part, seg.mark.t, "optimizer", EVAL)

@@ -307,8 +307,27 @@ def _install_loader(
                 samples = shape[0] if shape else None
             else:
                 samples = batch_size(batch, tensor)
-            if tracker.loader_exit(clock(), samples, True):
-                overflow()  # more batches than usual: an evaluation, perhaps
+            if tracker.gap is None:
+                if tracker.loader_exit(clock(), samples, True):
+                    overflow()  # more batches than usual: an evaluation, perhaps
+            else:
+                # A gap step's fetch (steps.GapSteps: the compute hooks off, no region
+                # open, no CUDA marker to take): StepTracker.loader_exit's lines for
+                # it, inline - a call less on most short steps.
+                start = tracker.loader_since
+                if start is not None:
+                    tracker.loader_since = None
+                    tracker.work += 1
+                    seg = tracker.segment
+                    if seg.t_start is None:
+                        seg.t_start = start
+                    seg.loader_wait += clock() - start
+                    fetches = seg.fetches = seg.fetches + 1
+                    if samples is not None:
+                        taken = seg.loader_samples
+                        seg.loader_samples = samples if taken is None else taken + samples
+                    if fetches > tracker.fetch_limit:
+                        overflow()
         except Exception as exc:
             part.fail(exc)
         return batch
