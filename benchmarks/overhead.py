@@ -125,6 +125,30 @@ def ablation_modes(parts: tuple[str, ...] = ABLATED_PARTS) -> tuple[Mode, ...]:
     )
 
 
+def baseline_modes(src: str) -> tuple[Mode, ...]:
+    """``trainmedic run`` with the trainmedic package under ``src`` (``--baseline-src``),
+    or none when ``src`` is empty."""
+    if not src:
+        return ()
+    path = Path(src).resolve()
+    if not (path / "trainmedic" / "__init__.py").is_file():
+        # Else PYTHONPATH would point nowhere and the "baseline" be this checkout.
+        raise SystemExit(f"--baseline-src {src}: no trainmedic package in that directory")
+    return (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", str(path)),)),)
+
+
+def compile_trees(baseline_src: str = "") -> None:
+    """Byte-compile trainmedic, the benchmarks and the baseline's tree before the rounds,
+    so that no mode's first round pays for compiling them."""
+    import trainmedic
+
+    trees = [Path(trainmedic.__file__).resolve().parent, HERE]
+    if baseline_src:
+        trees.append(Path(baseline_src).resolve())
+    for tree in trees:
+        compileall.compile_dir(tree, quiet=1)
+
+
 @dataclass
 class Sample:
     """One job's loop and, under trainmedic, its supervisor's CPU."""
@@ -471,15 +495,9 @@ def main() -> None:
     parts = tuple(p for p in args.ablate_parts.split(",") if p)
     modes = base + (ablation_modes(parts) if args.ablate else ())
     modes += tuple(m for m in SPLIT_MODES if args.split and m not in modes)
-    import trainmedic
 
-    trees = [Path(trainmedic.__file__).resolve().parent, HERE]
-    if args.baseline_src:
-        src = str(Path(args.baseline_src).resolve())
-        modes += (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", src),)),)
-        trees.append(Path(src))
-    for tree in trees:
-        compileall.compile_dir(tree, quiet=1)
+    modes += baseline_modes(args.baseline_src)
+    compile_trees(args.baseline_src)
     results = []
     if args.rounds > 0:
         for model in args.models.split(","):

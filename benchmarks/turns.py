@@ -40,7 +40,6 @@ resume, which makes the probe's thread wake once a turn (docs/performance.md).
 from __future__ import annotations
 
 import argparse
-import compileall
 import contextlib
 import itertools
 import os
@@ -55,7 +54,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from overhead import HERE, JOB, SPLIT_MODES, Mode, ablation_modes, interval
+from overhead import (
+    JOB,
+    SPLIT_MODES,
+    Mode,
+    ablation_modes,
+    baseline_modes,
+    compile_trees,
+    interval,
+)
 
 TURN_MODES = (
     Mode("plain", "plain"),
@@ -274,15 +281,8 @@ def main() -> None:
     parts = tuple(p for p in args.ablate_parts.split(",") if p)
     modes += tuple(m for m in ablation_modes(parts) if m not in modes)
     modes += tuple(m for m in SPLIT_MODES if args.split and m not in modes)
-    import trainmedic
-
-    trees = [Path(trainmedic.__file__).resolve().parent, HERE]
-    if args.baseline_src:
-        src = str(Path(args.baseline_src).resolve())
-        modes += (Mode("trainmedic run, baseline", "run", env=(("PYTHONPATH", src),)),)
-        trees.append(Path(src))
-    for t in trees:
-        compileall.compile_dir(t, quiet=1)
+    modes += baseline_modes(args.baseline_src)
+    compile_trees(args.baseline_src)
     lines = [
         f"rounds: {args.rounds}, {args.cycles} turns of {args.slice:g} s per mode a round "
         f"(first {args.settle:g} s of each not counted), torch threads: {args.threads}, "

@@ -60,16 +60,14 @@ CAPACITY = 16384
 reads it every :data:`~trainmedic.channel.server.DRAIN_S`)."""
 NONE = -1
 RECORD_BYTES = RECORD.size
-_RECORD_BYTES = RECORD_BYTES
 _NAMES_AT = HEADER_BYTES
 RECORDS_AT = HEADER_BYTES + NAME_SLOTS * NAME_BYTES
 """Where record slot 0 begins, bytes from the start of the file."""
-_RECORDS_AT = RECORDS_AT
 
 
 def ring_bytes(capacity: int) -> int:
     """The size of a ring of ``capacity`` records, bytes."""
-    return _RECORDS_AT + capacity * RECORD.size
+    return RECORDS_AT + capacity * RECORD.size
 
 
 _SEALS = (
@@ -158,7 +156,7 @@ class RingWriter:
         """Write one record (NaN and :data:`NONE` for missing values; names as codes)."""
         seq = self.written + 1
         self.pack(
-            self.map, _RECORDS_AT + (self.written % self.capacity) * _RECORD_BYTES, seq, step, t,
+            self.map, RECORDS_AT + (self.written % self.capacity) * RECORD_BYTES, seq, step, t,
             duration_s, data_wait_s, compute_s, gpu_time_s, samples, alloc_peak,
             reserved_peak, retries, ooms, source, phase, autocast, seq,
         )  # fmt: skip
@@ -185,7 +183,7 @@ class RingReader:
             if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK == 0:
                 raise RingError("a step ring must be sealed against shrinking")
             size = os.fstat(fd).st_size
-            if size < _RECORDS_AT:
+            if size < RECORDS_AT:
                 raise RingError(f"a step ring of {size} bytes is too small")
             view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         finally:
@@ -230,7 +228,7 @@ class RingReader:
         out: list[StepRecord] = []
         while True:
             expected = self.read + 1
-            at = _RECORDS_AT + ((expected - 1) % capacity) * _RECORD_BYTES
+            at = RECORDS_AT + ((expected - 1) % capacity) * RECORD_BYTES
             values = unpack(view, at)
             seq = values[0]
             if seq != values[-1] or seq < expected:
