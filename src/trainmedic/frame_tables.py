@@ -69,6 +69,15 @@ IPC_PATHS = (
 DELEGATING_PATHS = ("/selectors.py", "/threading.py", "/subprocess.py")
 """Frames that only wait on behalf of a caller: the caller decides."""
 
+THREADING_WAITS = frozenset(
+    {"wait", "wait_for", "acquire", "_acquire_restore", "__enter__", "_wait", "_enter",
+     "join", "_wait_for_tstate_lock"}
+)  # fmt: skip
+"""The functions of ``threading.py`` in which a thread may block: a condition's wait
+(an event's, a queue's, a future's go through it), a semaphore's acquire, entering a
+condition (its lock), a barrier's wait, a join. The rest (``Event.is_set``, ``set``,
+``notify``, ``current_thread`` ...) return at once: a thread sampled in them runs."""
+
 READ_CALLS = frozenset(
     {"read", "readinto", "readline", "readlines", "read_bytes", "read_text", "pread",
      "fromfile", "loadtxt", "genfromtxt", "memmap", "imread", "load", "load_file"}

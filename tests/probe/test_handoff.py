@@ -67,6 +67,16 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
         ([f(f"{LIB}/threading.py", "_wait_for_tstate_lock"), f(f"{LIB}/threading.py", "join"),
           f(f"{LIB}/threading.py", "_shutdown")], False),
         ([f(USER, callees=("cache", "get"))], False),
+        # a stop flag checked every step, an event set, a queue told: threading's
+        # calls that return at once
+        ([f(f"{LIB}/threading.py", "is_set"), f(USER)], False),
+        ([f(f"{LIB}/threading.py", "notify_all"), f(f"{LIB}/threading.py", "set"), f(USER)],
+         False),
+        ([f(f"{LIB}/threading.py", "notify"), f(f"{LIB}/queue.py", "put"), f(USER)], False),
+        # ... but entering a condition or a semaphore's acquire can block
+        ([f(f"{LIB}/threading.py", "acquire"), f(USER)], True),
+        ([f(f"{LIB}/threading.py", "__enter__"), f(f"{LIB}/threading.py", "wait"), f(USER)],
+         True),
         ([f(f"{LIB}/socket.py", "readinto"), f(USER)], False),
         ([f(USER, "make_batch")], False),
         ([], False),
@@ -99,6 +109,8 @@ def test_the_training_thread_waiting_on_others_is_recognised(
         # blocked: a sleep, an event
         ([f(USER, "throttle", ("time", "sleep"))], "wait"),
         ([f(f"{LIB}/threading.py", "wait"), f(USER, "produce")], "wait"),
+        # checking its stop flag between two pieces of work: running Python
+        ([f(f"{LIB}/threading.py", "is_set"), f(USER, "produce")], "python"),
     ],
 )  # fmt: skip
 def test_a_helper_threads_stack(stack: list[FrameInfo], state: str) -> None:

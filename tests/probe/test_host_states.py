@@ -82,6 +82,8 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
             [f(f"{STDLIB}/threading.py", "wait", ("waiter", "acquire")), f(SCRIPT, "main")],
             "ipc_wait",
         ),
+        # a stop flag checked each step (``while not stop.is_set()``): the loop runs on
+        ([f(f"{STDLIB}/threading.py", "is_set"), f(SCRIPT, "main")], "python"),
         # joining a thread: not Python running, not known
         (
             [
