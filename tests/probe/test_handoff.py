@@ -77,6 +77,9 @@ def f(path: str, function: str = "main", callees: tuple[str, ...] = ()) -> Frame
         ([f(f"{LIB}/threading.py", "acquire"), f(USER)], True),
         ([f(f"{LIB}/threading.py", "__enter__"), f(f"{LIB}/threading.py", "wait"), f(USER)],
          True),
+        # a condition's wait, caught in its own bookkeeping before it blocks
+        ([f(f"{LIB}/threading.py", "_release_save"), f(f"{LIB}/threading.py", "wait"),
+          f(f"{LIB}/threading.py", "wait"), f(USER)], True),
         ([f(f"{LIB}/socket.py", "readinto"), f(USER)], False),
         ([f(USER, "make_batch")], False),
         ([], False),

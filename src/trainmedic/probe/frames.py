@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import dis
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import CodeType
+
+from trainmedic.frame_tables import THREADING_WAITS
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,21 @@ _code_cache: dict[CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
 _callee_cache: dict[tuple[CodeType, int], tuple[str, ...]] = {}
 CACHE_MAX = 4096
 """Entries a cache of this kind holds before it is emptied."""
+
+
+def threading_blocks(frames: Sequence[FrameInfo]) -> bool:
+    """Whether a stack whose innermost frames are ``threading.py``'s may be blocked there.
+
+    It may when one of those frames is a function that can wait
+    (:data:`trainmedic.frame_tables.THREADING_WAITS`: ``Condition.wait`` and what it
+    calls, a semaphore's acquire, a join ...); ``stop.is_set()`` or ``event.set()``
+    (``notify``) return at once. ``frames``: innermost first."""
+    for frame in frames:
+        if not frame.path.endswith("/threading.py"):
+            return False
+        if frame.function in THREADING_WAITS:
+            return True
+    return False
 
 
 def _instructions(code: CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:

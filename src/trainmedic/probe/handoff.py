@@ -62,7 +62,6 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Protocol
 
-from trainmedic import frame_tables as tables
 from trainmedic.host.peers import LocalPeers, Peer, process_activity
 from trainmedic.host.threadstate import (
     POLL_CALLS,
@@ -72,7 +71,7 @@ from trainmedic.host.threadstate import (
     kernel_class,
     read_kernel_state,
 )
-from trainmedic.probe.frames import FrameInfo
+from trainmedic.probe.frames import FrameInfo, threading_blocks
 from trainmedic.probe.stacks import classify
 from trainmedic.record.sample_states import (
     IN_FLIGHT,
@@ -121,7 +120,7 @@ def classify_helper(frames: Sequence[FrameInfo]) -> str:
         return "wait"
     if leaf.path.endswith(_POOL_RUN) and leaf.function == "run":
         return "native"  # a pool thread running a task that is a C function itself
-    if leaf.path.endswith("/threading.py") and leaf.function in tables.THREADING_WAITS:
+    if threading_blocks(frames):
         # Waiting on a condition: for work (a queue, a pool's work queue) or for another
         # thread; either way not working.
         return "idle" if classify(frames, "worker") == "idle" else "wait"

@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 
 from trainmedic import frame_tables as tables
-from trainmedic.probe.frames import FrameInfo, is_library
+from trainmedic.probe.frames import FrameInfo, is_library, threading_blocks
 
 _LOG_PATHS = (
     "/logging/",
@@ -119,7 +119,6 @@ _SOCKET_PATHS = tables.SOCKET_PATHS
 _READ_PATHS = tuple(p for p in tables.FILE_PATHS if p != "/shutil.py")
 _IPC_PATHS = tables.IPC_QUEUE_PATHS
 _DELEGATING = tables.DELEGATING_PATHS
-_THREADING_WAITS = tables.THREADING_WAITS
 # Where a wait on another thread or process shows: the libraries that hand work over,
 # and the primitives of threading a loop waits on directly.
 _HANDOFF_PATHS = ("/concurrent/futures/", "/queue.py", "/multiprocessing/", "/asyncio/")
@@ -249,7 +248,7 @@ def waits_on_others(frames: Sequence[FrameInfo]) -> bool:
         return False
     leaf = frames[0]
     if leaf.path.endswith("/threading.py"):
-        if leaf.function not in _THREADING_WAITS:
+        if not threading_blocks(frames):
             return False  # ``stop.is_set()``, ``event.set()``: the loop runs on
         for frame in frames:
             if frame.function in ("join", "_wait_for_tstate_lock", "_shutdown"):
@@ -313,9 +312,9 @@ def classify_outside(frames: Sequence[FrameInfo]) -> str:
         state = _script_state(frame)
         if state is not None:
             return state
-    leaf_frame = frames[0]
-    if any(leaf_frame.path.endswith(p) for p in _DELEGATING) and (
-        leaf_frame.function in _THREADING_WAITS or not leaf_frame.path.endswith("/threading.py")
+    leaf_path = frames[0].path
+    if any(leaf_path.endswith(p) for p in _DELEGATING) and (
+        not leaf_path.endswith("/threading.py") or threading_blocks(frames)
     ):
         return "other"  # waiting on a lock, an event or a child: not Python running
     return "python"
