@@ -23,6 +23,10 @@ of ``--steps``), ``--started FILE`` is created when the loop begins, and
 line, the first line the loop's start): what ``turns.py`` needs to count only
 the steps taken while the job had the machine.
 
+With ``OVERHEAD_JOB_FLOOR=1`` in its environment the job installs the two bare
+hooks of :func:`install_floor_hooks` before its loop: what any per-step probe at
+those two call sites costs at least (``turns.py --floor``).
+
 ``--times-out`` writes every step's time (seconds, one a line) and, to
 ``FILE.end``, the loop's last ``time.perf_counter()`` (the system's monotonic
 clock, so that steps can be lined up with what other processes did when).
@@ -61,10 +65,50 @@ def switch_rates(before, after, seconds):
     me = threading.get_native_id()
     mine = after.get(me, (0, 0))
     base = before.get(me, (0, 0))
-    others = sum(
-        v - before.get(tid, (0, 0))[0] for tid, (v, _) in after.items() if tid != me
-    )
+    others = sum(v - before.get(tid, (0, 0))[0] for tid, (v, _) in after.items() if tid != me)
     return (mine[0] - base[0]) / seconds, (mine[1] - base[1]) / seconds, others / seconds
+
+
+FLOOR_ENV = "OVERHEAD_JOB_FLOOR"
+
+
+def install_floor_hooks():
+    """The least a probe that times each step and its batch fetch adds to a step: a
+    Python wrapper around the DataLoader iterator's ``__next__`` with two clock reads,
+    and an optimizer post-step hook that writes (end, length, data wait) into a
+    fixed-size ring - one wrapper frame and one hook frame a step, no thread, no
+    bookkeeping, no reader (the benchmark's floor for trainmedic's two per-step
+    hooks)."""
+    import struct
+
+    clock = time.perf_counter
+    iter_cls = torch.utils.data.dataloader._BaseDataLoaderIter
+    original_next = iter_cls.__next__
+    wait = [0.0]
+
+    def __next__(self):
+        t0 = clock()
+        batch = original_next(self)
+        wait[0] += clock() - t0
+        return batch
+
+    iter_cls.__next__ = __next__
+    slots = 4096
+    ring = bytearray(24 * slots)
+    pack = struct.Struct("<ddd").pack_into
+    state = [0, clock()]  # steps written, the last step's end
+
+    def post_hook(optimizer, args, kwargs):
+        now = clock()
+        n = state[0]
+        pack(ring, (n % slots) * 24, now, now - state[1], wait[0])
+        state[0] = n + 1
+        state[1] = now
+        wait[0] = 0.0
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(post_hook)
 
 
 def main():
@@ -80,6 +124,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     job = build(args.model)
+    if os.environ.get(FLOOR_ENV) == "1":
+        install_floor_hooks()
     profiler = torch.profiler.profile() if args.profiler else contextlib.nullcontext()
     step_times = []
     step = 0

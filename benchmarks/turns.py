@@ -25,7 +25,7 @@ cycle) with its interval.
 
     python benchmarks/turns.py [--models mlp,deep] [--rounds 10] [--cycles 20]
         [--slice 0.5] [--settle 0.1] [--threads 1] [--split] [--ablate-parts a,b]
-        [--session] [--baseline-src DIR]
+        [--session] [--floor] [--baseline-src DIR]
 
 ``--split`` adds ``overhead.py``'s split of the probe (the hooks alone, the
 probe's thread alone, everything but the stack sampler); ``--ablate-parts``
@@ -69,6 +69,10 @@ TURN_MODES = (
     Mode("trainmedic run", "run"),
     Mode("trainmedic run --no-probe", "run", ("--no-probe",)),
 )
+FLOOR_MODE = Mode("plain, two bare hooks in the job", "plain", (), (("OVERHEAD_JOB_FLOOR", "1"),))
+"""``--floor``: the plain job with the least a per-step probe adds at trainmedic's two
+per-step call sites (``overhead_job.install_floor_hooks``): the floor of any Python
+hook there, to weigh trainmedic's own against."""
 SESSION_MODE = Mode("plain, in a session of its own", "session")
 """``--session``: the plain job started as ``trainmedic run`` starts a job (``setsid``:
 a session, and with the kernel's autogroups a scheduling group, of its own), to
@@ -272,12 +276,16 @@ def main() -> None:
         "--session", action="store_true", help="also the plain job in a session of its own"
     )
     parser.add_argument(
+        "--floor", action="store_true", help="also the plain job with two bare hooks in it"
+    )
+    parser.add_argument(
         "--baseline-src",
         default="",
         help="also trainmedic run with the trainmedic package under this src directory",
     )
     args = parser.parse_args()
     modes: tuple[Mode, ...] = TURN_MODES + ((SESSION_MODE,) if args.session else ())
+    modes += (FLOOR_MODE,) if args.floor else ()
     parts = tuple(p for p in args.ablate_parts.split(",") if p)
     modes += tuple(m for m in ablation_modes(parts) if m not in modes)
     modes += tuple(m for m in SPLIT_MODES if args.split and m not in modes)
