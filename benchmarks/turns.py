@@ -298,9 +298,12 @@ def main() -> None:
         "",
     ]
     for model in args.models.split(","):
-        rounds = measure(
-            model, modes, args.rounds, args.cycles, args.slice, args.settle, args.threads
-        )
+        try:
+            rounds = measure(
+                model, modes, args.rounds, args.cycles, args.slice, args.settle, args.threads
+            )
+        except RuntimeError as exc:  # a job that did not start (an unknown model ...)
+            raise SystemExit(f"turns.py: {model}: {exc}") from None
         lines += table(model, modes, rounds)
     print("\n".join(lines))
 
