@@ -11,6 +11,13 @@ counts work instead, for each job of ``bench_models``:
   step of the whole process, plain and with the probe's hooks, counted by
   valgrind's callgrind with instrumentation switched on only around the
   measured steps (``callgrind_control``); slow (minutes per job).
+  ``--cache-sim`` adds callgrind's simulated caches (first-level instruction
+  and data misses, last-level misses: what the hooks' code and objects cost
+  beyond their instructions when the step's kernels have had the caches),
+  several times slower again; ``--no-windows`` keeps the compute hooks off
+  after the warm-up, so that only the steps between two windows are counted
+  (under valgrind's slowness the windows come far more often than in a real
+  job of short steps).
 
 Both run the hooks as under ``trainmedic run`` but without the probe's
 threads (stack sampling and sending), which are measured by
@@ -18,7 +25,7 @@ threads (stack sampling and sending), which are measured by
 supervisor took it (``--disable ring``: queued for the probe's thread instead).
 
     python benchmarks/probe_instructions.py [--models tiny,mlp,deep] [--disable PART,...]
-        [--by-function] [--valgrind] [--steps 680]
+        [--by-function] [--valgrind [--cache-sim] [--no-windows]] [--steps 680]
 
 Callgrind's counts are exact for the ``tiny`` job; for bigger ones the BLAS
 kernels' own counts differ between processes by about 1 %, more than the
@@ -40,6 +47,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+NO_WINDOWS_ENV = "PROBE_INSTRUCTIONS_NO_WINDOWS"
+"""Set to ``1`` in the child's environment by ``--no-windows``."""
+EVENTS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+"""Callgrind's events reported with ``--cache-sim``, instructions first."""
 
 
 def _job(model: str, probed: bool, disable: frozenset[str] = frozenset()) -> Any:
@@ -79,6 +90,9 @@ def _job(model: str, probed: bool, disable: frozenset[str] = frozenset()) -> Any
             # with the same windows in every run.
             detail.LONG_STEP_S = float("inf")
             probe.detail.rng = random.Random(0)
+            if os.environ.get(NO_WINDOWS_ENV) == "1":
+                # After the warm-up, one gap longer than any run: no window comes.
+                detail.GAP_STEPS = (10**9, 10**9)
     return job
 
 
@@ -132,17 +146,22 @@ def _child(mode: str, model: str, steps: int) -> None:
     sys.stdin.readline()
 
 
-def instructions(mode: str, model: str, steps: int) -> float:
-    """User-space instructions per step of the whole process, counted by callgrind."""
+def instructions(
+    mode: str, model: str, steps: int, cache_sim: bool = False, windows: bool = True
+) -> dict[str, float]:
+    """Callgrind's counts per step of the whole process (user space): ``Ir``
+    (instructions) and, with ``cache_sim``, the simulated caches' misses."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         argv = [
             "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+            *(["--cache-sim=yes"] if cache_sim else []),
             sys.executable, __file__, "--child", mode, model, str(steps),
         ]  # fmt: skip
+        env = {**os.environ, NO_WINDOWS_ENV: "0" if windows else "1"}
         pipe = subprocess.PIPE
         proc = subprocess.Popen(
-            argv, stdin=pipe, stdout=pipe, stderr=subprocess.DEVNULL, text=True
+            argv, stdin=pipe, stdout=pipe, stderr=subprocess.DEVNULL, text=True, env=env
         )
         assert proc.stdin is not None and proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -157,12 +176,18 @@ def instructions(mode: str, model: str, steps: int) -> float:
         report = subprocess.run(
             ["callgrind_annotate", str(out)], capture_output=True, text=True, check=True
         ).stdout
-    match = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", report) or re.search(
-        r"([\d,]+)\s+PROGRAM TOTALS", report
-    )
-    if match is None:
+    return {name: n / steps for name, n in _totals(report).items()}
+
+
+def _totals(report: str) -> dict[str, int]:
+    """``{event: count}`` from callgrind_annotate's header and PROGRAM TOTALS line."""
+    names = re.search(r"^Events shown:\s+(.+)$", report, re.M)
+    totals = next((line for line in report.splitlines() if "PROGRAM TOTALS" in line), None)
+    if names is None or totals is None:
         raise RuntimeError("callgrind reported no totals")
-    return int(match.group(1).replace(",", "")) / steps
+    head = re.sub(r"\([^)]*\)", "", totals.split("PROGRAM TOTALS")[0])  # the (100.0%)s
+    counts = [int(n.replace(",", "")) for n in re.findall(r"[\d,]+", head)]
+    return dict(zip(names.group(1).split(), counts, strict=False))
 
 
 def main() -> None:
@@ -173,21 +198,27 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,mlp,deep,transformer")
     parser.add_argument("--steps", type=int, default=680)
     parser.add_argument("--valgrind", action="store_true")
+    parser.add_argument("--cache-sim", action="store_true", help="with --valgrind: cache misses")
+    parser.add_argument(
+        "--no-windows", action="store_true", help="with --valgrind: the steps between windows only"
+    )
     parser.add_argument("--by-function", action="store_true")
     parser.add_argument("--disable", default="", help="probe parts to leave off, comma-separated")
     args = parser.parse_args()
     models = args.models.split(",")
     if args.valgrind:
-        print("| model | instructions / step, plain | with the probe's hooks | probe |")
-        print("|---|---|---|---|")
+        events = EVENTS if args.cache_sim else EVENTS[:1]
+        print("| model | count / step | plain | with the probe's hooks | probe adds |")
+        print("|---|---|---|---|---|")
         for model in models:
-            plain = instructions("plain", model, args.steps)
-            probed = instructions("probed", model, args.steps)
-            print(
-                f"| {model} | {plain:,.0f} | {probed:,.0f} "
-                f"| {probed - plain:+,.0f} ({(probed - plain) / plain:+.2%}) |",
-                flush=True,
+            plain, probed = (
+                instructions(mode, model, args.steps, args.cache_sim, not args.no_windows)
+                for mode in ("plain", "probed")
             )
+            for event in events:
+                a, b = plain.get(event, 0.0), probed.get(event, 0.0)
+                share = f" ({(b - a) / a:+.2%})" if a else ""
+                print(f"| {model} | {event} | {a:,.1f} | {b:,.1f} | {b - a:+,.1f}{share} |")
         return
     print(
         "| model | bytecodes / step, plain | with the probe's hooks | added "
@@ -201,7 +232,9 @@ def main() -> None:
             json.loads(
                 subprocess.run(
                     [sys.executable, __file__, "--one", model, str(args.steps), mode, args.disable],
-                    capture_output=True, text=True, check=True,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 ).stdout
             )
             for mode in ("plain", "probed")

@@ -630,7 +630,7 @@ def test_with_torch_the_gap_steps_go_to_the_outbox_numbered_with_the_others() ->
         assert d.data_wait_s == 0.0  # the fake clock stands still inside the fetch
 
 
-# --- gap steps written straight into the shared-memory ring (RingSteps.gap_step) --------------
+# --- gap steps written straight into the shared-memory ring (steprings.RingGap) ----------------
 
 
 class RingJob(Job):
@@ -646,7 +646,7 @@ class RingJob(Job):
         self.ring_steps.append(draft)  # as the probe's _on_draft does with a ring
         self.switch.step_ended(draft)
         if self.armed:
-            self.switch.arm_gap(self.ring_steps, 1 << 30, self.ring_steps.gap_step)
+            self.switch.arm_gap(self.ring_steps, 1 << 30, self.ring_steps.gap)
 
 
 def _ring_job(seed: int, armed: bool) -> tuple[RingJob, Any]:
@@ -686,20 +686,68 @@ def test_a_gap_step_the_ring_cannot_hold_goes_to_the_outbox_as_its_draft() -> No
 
     from trainmedic.channel import ring
     from trainmedic.probe.segments import Segment
-    from trainmedic.probe.steprings import RingSteps
+    from trainmedic.probe.steprings import RingGap, RingSteps
 
     if not ring.available():
         pytest.skip("no memfd_create here")
     overflow: deque[Any] = deque()
     steps = RingSteps(ring.RingWriter(capacity=8), 0.0, overflow)
-    seg = Segment.of(t_start=1.0, fetches=1, loader_wait=0.25, loader_samples=1 << 70,
-                     partial=True)  # fmt: skip
-    steps.gap_step(12, 2.0, seg)
+    tracker = StepTracker(lambda d: None)
+    tracker.steps_by_phase["train"] = 11
+    seg = tracker.segment = Segment.of(
+        t_start=1.0, fetches=1, loader_wait=0.25, loader_samples=1 << 70, partial=True
+    )
+    gap = steps.gap("sgd", 5, 1.5, 10.0, steps)
+    assert isinstance(gap, RingGap)
+    assert gap.close(tracker, 2.0, "sgd")
     ((draft, timing, alloc),) = overflow
     assert (draft.step, draft.phase, draft.source, draft.t_end) == (12, "train", "optimizer", 2.0)
     assert (draft.duration_s, draft.data_wait_s, draft.samples) == (1.0, 0.25, 1 << 70)
     assert timing is None and alloc is None
     assert steps.writer.written == 0 and steps.train_steps == 0
+    # The draft keeps its segment; the next step has one of its own.
+    assert draft.segment is seg and tracker.segment is not seg
+    assert (tracker.segment.t_start, tracker.segment.fetches, tracker.segment.partial) == (
+        2.0, 0, True,
+    )  # fmt: skip
+    assert gap.left == 4 and tracker.steps_by_phase["train"] == 12
+
+
+def test_a_gap_step_in_the_ring_leaves_its_segment_as_a_new_one_begins() -> None:
+    from collections import deque
+
+    from trainmedic.channel import ring
+    from trainmedic.probe.segments import Segment
+    from trainmedic.probe.steprings import RingSteps
+
+    if not ring.available():
+        pytest.skip("no memfd_create here")
+    writer = ring.RingWriter(capacity=8)
+    assert writer.fd is not None
+    reader = ring.RingReader(os.dup(writer.fd), pid=3, rank=None)
+    steps = RingSteps(writer, 100.0, deque())
+    tracker = StepTracker(lambda d: None)
+    tracker.steps_by_phase["train"] = 4
+    seg = tracker.segment = Segment.of(
+        t_start=1.0, fetches=2, loader_wait=0.75, loader_samples=8, partial=True
+    )
+    gap = steps.gap("sgd", 3, 1.5, 10.0, steps)
+    # Not the lead, or nothing fetched, or too long: not a gap step, nothing changed.
+    assert not gap.close(tracker, 2.0, "adam")
+    assert not gap.close(tracker, 12.0, "sgd")
+    assert gap.left == 3 and writer.written == 0
+    assert gap.close(tracker, 2.0, "sgd")
+    (record,) = reader.drain()
+    assert (record.step, record.duration_s, record.data_wait_s, record.samples) == (5, 1.0, 0.75, 8)
+    assert record.compute_s is None and record.source == "optimizer" and record.phase == "train"
+    fresh = Segment()
+    fresh.t_start, fresh.partial = 2.0, True
+    assert tracker.segment is seg  # reused, as the fresh segment it stands for
+    fields = list(Segment.__annotations__)  # every accumulator
+    assert len(fields) > 10
+    assert {k: getattr(seg, k) for k in fields} == {k: getattr(fresh, k) for k in fields}
+    assert not gap.close(tracker, 2.5, "sgd")  # the new segment fetched nothing yet
+    assert (steps.train_s, steps.wait_s, steps.train_steps) == (1.0, 0.75, 1)
 
 
 class SlowFetches:

@@ -510,7 +510,7 @@ class Detail:
     def step_ended(self, draft: StepDraft) -> None:
         """Switches nothing: the tests set the window counts by hand."""
 
-    def arm_gap(self, out: object, limit: int, write: object = None) -> None:
+    def arm_gap(self, out: object, limit: int, make: object = None) -> None:
         """Arms nothing: every step ends the general way."""
 
 

@@ -260,7 +260,7 @@ def test_a_step_the_ring_cannot_hold_goes_as_a_line(
     ring_steps = probe.ring
     assert ring_steps is not None
     # The name table fills up; "optimizer" and "train" hold two slots from the start
-    # (the gap steps' codes, RingSteps.gap_step).
+    # (the gap steps' codes, steprings.RingGap).
     for i in range(ring.NAME_SLOTS - 2):
         assert ring_steps.writer.code(f"phase-{i}") is not None
     assert ring_steps.writer.code("phase-full") is None

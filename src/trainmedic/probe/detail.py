@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from trainmedic.probe.seams import ForwardSeam
-    from trainmedic.probe.segments import Segment, StepDraft
+    from trainmedic.probe.segments import StepDraft
     from trainmedic.probe.steps import GapSteps, StepTracker
 
 WARMUP_STEPS = 32
@@ -239,12 +239,16 @@ class DetailSwitch:
         return max(gap, int(gap * stretch))
 
     def arm_gap(
-        self, out: Any, limit: int, write: Callable[[int, float, Segment], None] | None = None
+        self,
+        out: Any,
+        limit: int,
+        make: Callable[[object, int, float, float, Any], GapSteps] | None = None,
     ) -> None:
         """After :meth:`step_ended`: while the hooks stay off for more than the next
         step, let the tracker close those steps by itself, their drafts going to
-        ``out`` while it holds fewer than ``limit``, or their records to ``write``
-        (see :class:`~trainmedic.probe.steps.GapSteps`).
+        ``out`` while it holds fewer than ``limit``, or, where ``make`` builds what
+        closes them (:meth:`~trainmedic.probe.steprings.RingSteps.gap`), their
+        records into the ring (see :class:`~trainmedic.probe.steps.GapSteps`).
         The last step of the gap always comes back here and turns the hooks on."""
         if self.on or self.partly_on or not self.enabled or self._countdown < 2:
             return
@@ -252,7 +256,7 @@ class DetailSwitch:
         if forward is not None and forward.pending:
             return
         gap = self.tracker.arm_gap(
-            self._countdown - 1, self._last_end, LONG_STEP_S, out, limit, write
+            self._countdown - 1, self._last_end, LONG_STEP_S, out, limit, make
         )
         if gap is not None:
             self._armed = gap

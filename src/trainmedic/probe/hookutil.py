@@ -79,6 +79,21 @@ def compiling_reader(torch: Any) -> Callable[[], bool]:
     return by_dynamo
 
 
+def dynamo_reader(torch: Any) -> Callable[[], bool]:
+    """Whether dynamo is tracing, for the hooks dynamo alone may trace (the optimizer's):
+    ``torch.compiler.is_dynamo_compiling`` (torch 2.3+), else :func:`compiling_reader`'s.
+
+    Outside tracing it is one Python frame that returns ``False``, where
+    ``is_compiling()`` is two (it asks ``torch.jit.is_scripting()`` first); dynamo
+    folds either to ``True`` while it traces. What it leaves out is
+    ``torch.export``'s non-strict tracing, which runs a model's forward, never an
+    optimizer step. Call it only when ``"torch._dynamo" in sys.modules``."""
+    fn = getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None)
+    if fn is not None:
+        return fn  # type: ignore[no-any-return]
+    return compiling_reader(torch)
+
+
 def run_while_tracing(fn: _F) -> _F:
     """Mark ``fn`` so that ``torch.compile`` calls it while tracing and leaves it out of the graph.
 

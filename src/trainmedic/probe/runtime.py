@@ -504,7 +504,7 @@ class Probe(ProbeAgent, ProbeIncidents):
                 if ring is None:
                     detail.arm_gap(self.outbox, MAX_OUTBOX)
                 else:
-                    detail.arm_gap(ring, MAX_OUTBOX, ring.gap_step)
+                    detail.arm_gap(ring, MAX_OUTBOX, ring.gap)
             except Exception as exc:
                 self.detail_failed(exc)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import struct
 
 from trainmedic.channel.ring import NONE, RECORD_BYTES, RECORDS_AT
-from trainmedic.probe.segments import make_draft
-from trainmedic.probe.steps import TRAIN
+from trainmedic.probe.segments import Segment, make_draft
+from trainmedic.probe.steps import TRAIN, GapSteps
 
 TYPE_CHECKING = False  # typing itself is not worth importing at the job's start-up
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from trainmedic.channel.ring import RingWriter
-    from trainmedic.probe.segments import Segment, StepDraft
+    from trainmedic.probe.segments import StepDraft
+    from trainmedic.probe.steps import StepTracker
 
 _NAN = float("nan")
 GAP_SOURCE = "optimizer"
@@ -118,56 +119,15 @@ class RingSteps:
             self.wait_s += data_wait
             self.train_steps += 1
 
-    def gap_step(self, step: int, t_end: float, seg: Segment) -> None:
-        """Write a step that :meth:`StepTracker.optimizer_exit
-        <trainmedic.probe.steps.StepTracker.optimizer_exit>` closed by itself (a
-        *gap* step), straight from its segment: the record :meth:`add` writes for
-        its draft, without making one.
-
-        What a gap step always is (:meth:`StepTracker.arm_gap
-        <trainmedic.probe.steps.StepTracker.arm_gap>`): a train step ended by the
-        lead optimizer, without the compute hooks (partial: no compute time), that
-        fetched at least one batch (its data wait is the loader wait), with no
-        CUDA timing or allocator reading and no forward call seen (no autocast
-        state, no forward batch size).
-
-        Args:
-            step: its number among the train steps.
-            t_end: when it ended (the probe's clock, seconds).
-            seg: its accumulators.
-        """
-        codes = self._gap_codes
-        t_start = seg.t_start
-        if codes is None or t_start is None:
-            self.append(_gap_draft(step, t_end, seg))
-            return
-        # StepDraft.times() for such a segment, written out.
-        duration = t_end - t_start - seg.excluded
-        if duration < 0.0:
-            duration = 0.0
-        wait = seg.loader_wait
-        if wait > duration:
-            wait = duration
-        samples = seg.loader_samples
-        # RingWriter.write, inline (a call less on every gap step): the record
-        # between its two seq stamps, then the count.
-        writer = self.writer
-        written = writer.written
-        seq = written + 1
-        try:
-            writer.pack(
-                writer.map, RECORDS_AT + (written % writer.capacity) * RECORD_BYTES, seq, step,
-                t_end + self.wall_offset, duration, wait, _NAN, _NAN,
-                NONE if samples is None else samples, NONE, NONE, NONE, NONE,
-                codes[0], codes[1], NONE, seq,
-            )  # fmt: skip
-            writer.written = seq
-        except (struct.error, TypeError, ValueError, OverflowError):
-            self.overflow.append((_gap_draft(step, t_end, seg), None, None))
-            return
-        self.train_s += duration
-        self.wait_s += wait
-        self.train_steps += 1
+    def gap(self, lead: object, left: int, last_end: float, long_s: float, out: Any) -> GapSteps:
+        """What closes the gap steps :meth:`StepTracker.arm_gap
+        <trainmedic.probe.steps.StepTracker.arm_gap>` arms (its ``make``): a
+        :class:`RingGap` writing into this ring, or while the name table cannot
+        name a gap step, a :class:`~trainmedic.probe.steps.GapSteps` handing this
+        ring their drafts (``out``)."""
+        if self._gap_codes is None:
+            return GapSteps(lead, left, last_end, long_s, out)
+        return RingGap(lead, left, last_end, long_s, out, self)
 
     def _code(self, name: str) -> int | None:
         code = self.writer.code(name)
@@ -180,6 +140,94 @@ class RingSteps:
         now = (self.train_s, self.wait_s, self.train_steps)
         last, self._taken = self._taken, now
         return now[0] - last[0], now[1] - last[1], now[2] - last[2]
+
+
+class RingGap(GapSteps):
+    """Closes gap steps straight into a :class:`RingSteps`' ring, from their segments.
+
+    What a gap step always is (:meth:`StepTracker.arm_gap
+    <trainmedic.probe.steps.StepTracker.arm_gap>`): a train step ended by the
+    lead optimizer, without the compute hooks (partial: no compute time), that
+    fetched at least one batch (its data wait is the loader wait), with no CUDA
+    timing or allocator reading and no forward call seen (no autocast state, no
+    forward batch size). :meth:`close` writes the record :meth:`RingSteps.add`
+    writes for such a step's draft, without making one, and the segment, whose
+    loader fields alone moved, starts the next step in place of a new one: on
+    sub-millisecond steps each object and call fewer on the training thread is
+    memory the step's kernels find in their caches (docs/performance.md).
+    Everything it touches a step is held here, read from the ring once when
+    armed.
+    """
+
+    __slots__ = ("capacity", "map", "pack", "phase", "source", "steps", "wall_offset", "writer")
+
+    def __init__(
+        self, lead: object, left: int, last_end: float, long_s: float, out: Any, steps: RingSteps
+    ) -> None:
+        super().__init__(lead, left, last_end, long_s, out)
+        assert steps._gap_codes is not None  # RingSteps.gap() tells
+        self.source, self.phase = steps._gap_codes
+        self.steps = steps
+        writer = self.writer = steps.writer
+        self.map = writer.map
+        self.pack = writer.pack
+        self.capacity = writer.capacity
+        self.wall_offset = steps.wall_offset
+
+    def close(self, tracker: StepTracker, now: float, optimizer: object) -> bool:
+        # GapSteps.close's tests and counts, then RingSteps.add's record for the
+        # step's draft (StepDraft.times() for such a segment, RingWriter.write's
+        # record between its two seq stamps), written out: the hook's one call.
+        seg = tracker.segment
+        left = self.left
+        t_start = seg.t_start
+        if not left or not seg.fetches or optimizer != self.lead or t_start is None:
+            return False
+        if now - self.last_end >= self.long_s:
+            return False
+        self.left = left - 1
+        self.last_end = now
+        tracker.wants_batch = True
+        by_phase = tracker.steps_by_phase
+        number = by_phase[TRAIN] + 1
+        by_phase[TRAIN] = number
+        duration = now - t_start - seg.excluded
+        if duration < 0.0:
+            duration = 0.0
+        wait = seg.loader_wait
+        if wait > duration:
+            wait = duration
+        samples = seg.loader_samples
+        writer = self.writer
+        written = writer.written
+        seq = written + 1
+        try:
+            self.pack(
+                self.map, RECORDS_AT + (written % self.capacity) * RECORD_BYTES, seq, number,
+                now + self.wall_offset, duration, wait, _NAN, _NAN,
+                NONE if samples is None else samples, NONE, NONE, NONE, NONE,
+                self.source, self.phase, NONE, seq,
+            )  # fmt: skip
+        except (struct.error, TypeError, ValueError, OverflowError):
+            # A value the record cannot hold: the step goes as a line (RingSteps.add).
+            self.steps.overflow.append((_gap_draft(number, now, seg), None, None))
+            tracker.segment = new = Segment()
+            new.t_start = now
+            new.partial = True
+            return True
+        writer.written = seq
+        steps = self.steps
+        steps.train_s += duration
+        steps.wait_s += wait
+        steps.train_steps += 1
+        # The next step's segment: this one as Segment() would begin it. Inside a gap
+        # only the loader's fields move (any other event disarms it), and it
+        # began as the fresh, partial segment the general close left.
+        seg.t_start = now
+        seg.loader_wait = 0.0
+        seg.fetches = 0
+        seg.loader_samples = None
+        return True
 
 
 def _gap_draft(step: int, t_end: float, seg: Segment) -> StepDraft:

@@ -51,13 +51,13 @@ Steps between two windows of the compute hooks (the *gap*, :mod:`trainmedic.prob
 are the common case on short steps, and each of them ends the same way: the lead
 optimizer's post-step hook, no region open, no phase, a partial segment. The
 detail switch then arms a :class:`GapSteps`; while it is armed,
-:meth:`StepTracker.optimizer_exit` closes such a step itself in a few lines and
-queues its draft, without the general close, the probe's step callback and the
-detail switch's count (three Python calls a step); once the supervisor has
-taken the shared-memory ring, it writes the step's record there itself
-(:meth:`~trainmedic.probe.steprings.RingSteps.gap_step`), without a draft.
-Anything else the tracker is told disarms it, and the next step ends the
-general way.
+:meth:`StepTracker.optimizer_exit` has it close such a step in a few lines
+(:meth:`GapSteps.close`) and queue its draft, without the general close, the
+probe's step callback and the detail switch's count (three Python calls a
+step); once the supervisor has taken the shared-memory ring, a
+:class:`~trainmedic.probe.steprings.RingGap` writes the step's record there
+itself, without a draft, and the next step reuses the segment. Anything else
+the tracker is told disarms it, and the next step ends the general way.
 
 Phases: time inside ``trainmedic.phase(name)`` is kept out of the train step
 around it and reported as a record of that phase. Without the API, a step
@@ -110,43 +110,59 @@ class StepListener(Protocol):
 
 
 class GapSteps:
-    """What lets :meth:`StepTracker.optimizer_exit` close a gap step by itself.
+    """What closes a gap step for :meth:`StepTracker.optimizer_exit` (:meth:`close`).
 
     Armed by the detail switch (:meth:`StepTracker.arm_gap`) at a step's end
     when the next steps go without the compute hooks; the tracker drops it
     (``tracker.gap = None``) at any event other than a DataLoader fetch or the
     lead's step end, and the fast close stops by itself when ``left`` runs
     out (never past the room ``out`` had when it was armed), or a step is long
-    or fetched nothing.
+    or fetched nothing. This one queues each step's draft in ``out``;
+    :class:`~trainmedic.probe.steprings.RingGap` writes its record into the
+    shared-memory ring instead.
 
     Attributes:
         lead: the lead optimizer's identity (what the post-step hook passes).
-        left: steps the tracker may still close by itself.
+        left: steps it may still close.
         last_end: when the last step ended (tracker clock, seconds).
         long_s: a step at least this long (seconds) ends the general way.
         out: where the drafts go (the probe's outbox).
-        write: ``write(step, t_end, segment)`` records a gap step without a draft
-            (:meth:`~trainmedic.probe.steprings.RingSteps.gap_step`: straight into
-            the shared-memory ring), or ``None``: drafts go to ``out``.
     """
 
-    __slots__ = ("last_end", "lead", "left", "long_s", "out", "write")
+    __slots__ = ("last_end", "lead", "left", "long_s", "out")
 
-    def __init__(
-        self,
-        lead: object,
-        left: int,
-        last_end: float,
-        long_s: float,
-        out: Any,
-        write: Callable[[int, float, Segment], None] | None = None,
-    ) -> None:
+    def __init__(self, lead: object, left: int, last_end: float, long_s: float, out: Any) -> None:
         self.lead = lead
         self.left = left
         self.last_end = last_end
         self.long_s = long_s
         self.out = out
-        self.write = write
+
+    def close(self, tracker: StepTracker, now: float, optimizer: object) -> bool:
+        """The lead's post-step hook may end ``tracker``'s step at ``now``: end it as a
+        gap step (the general close, written out for this case with the probe's
+        callback and the detail switch's count) and say so, or say it is not one
+        (``False``: nothing changed, the step ends the general way).
+
+        The torch post-step hook calls this itself, a call less on every gap step
+        (:mod:`trainmedic.probe.torch_hooks`)."""
+        seg = tracker.segment
+        left = self.left
+        if not left or not seg.fetches or optimizer != self.lead:
+            return False
+        if now - self.last_end >= self.long_s:
+            return False
+        self.left = left - 1
+        self.last_end = now
+        tracker.segment = new = Segment()
+        new.t_start = now
+        new.partial = True
+        tracker.wants_batch = True
+        by_phase = tracker.steps_by_phase
+        number = by_phase[TRAIN] + 1
+        by_phase[TRAIN] = number
+        self.out.append(make_draft((number, TRAIN, "optimizer", now, seg)))
+        return True
 
 
 @dataclass
@@ -482,31 +498,8 @@ class StepTracker:
         """The post-step hook of ``optimizer`` (any hashable identity) ran."""
         gap = self.gap
         if gap is not None:
-            # A gap step (see the module doc): the general close below, written out
-            # for this case with the probe's callback and the detail switch's count.
-            seg = self.segment
-            left = gap.left
-            if (
-                left
-                and seg.fetches
-                and optimizer == gap.lead
-                and now - gap.last_end < gap.long_s
-            ):
-                gap.left = left - 1
-                gap.last_end = now
-                self.segment = new = Segment()
-                new.t_start = now
-                new.partial = True
-                self.wants_batch = True
-                by_phase = self.steps_by_phase
-                number = by_phase[TRAIN] + 1
-                by_phase[TRAIN] = number
-                write = gap.write
-                if write is None:
-                    gap.out.append(make_draft((number, TRAIN, "optimizer", now, seg)))
-                else:
-                    write(number, now, seg)
-                return
+            if gap.close(self, now, optimizer):
+                return  # a gap step (see the module doc)
             self.gap = None
         regions = self._regions
         if regions:
@@ -709,14 +702,17 @@ class StepTracker:
         long_s: float,
         out: Any,
         limit: int,
-        write: Callable[[int, float, Segment], None] | None = None,
+        make: Callable[[object, int, float, float, Any], GapSteps] | None = None,
     ) -> GapSteps | None:
         """Let :meth:`optimizer_exit` close up to ``left`` next steps by itself (see
         :class:`GapSteps` for the arguments), when they can only end the way it
         closes them: steps counted by the lead optimizer's hook, nothing open, no
         phase, no CUDA marker to take and the compute hooks off; no more of them
         than ``out`` has room for below ``limit`` drafts now (the probe's thread
-        only drains it meanwhile). Returns what was armed, or ``None``."""
+        only drains it meanwhile). ``make(lead, left, last_end, long_s, out)`` builds
+        what closes them (``None``: :class:`GapSteps`; or a ring's
+        :meth:`~trainmedic.probe.steprings.RingSteps.gap`). Returns what was armed,
+        or ``None``."""
         left = min(left, limit - len(out))
         if (
             left <= 0
@@ -733,7 +729,7 @@ class StepTracker:
             or not self.segment.partial
         ):
             return None
-        self.gap = gap = GapSteps(self._lead, left, last_end, long_s, out, write)
+        self.gap = gap = (make or GapSteps)(self._lead, left, last_end, long_s, out)
         return gap
 
     # --- phases ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainmedic.probe import forward
 from trainmedic.probe.detail import DetailHook
-from trainmedic.probe.hookutil import batch_size, compiling_reader, run_while_tracing
+from trainmedic.probe.hookutil import batch_size, dynamo_reader, run_while_tracing
 from trainmedic.probe.importhook import when_imported
 from trainmedic.probe.steps import NO_FETCH_LIMIT
 
@@ -101,14 +101,15 @@ def _install_optimizer_hooks(
     part = probe.parts["steps"]
     clock = probe.clock
     state = probe.state
-    is_compiling = compiling_reader(torch)
+    is_compiling = dynamo_reader(torch)
     modules = sys.modules
 
     # ``is_compiling()`` first, as in the forward wrapper (trainmedic.probe.forward):
     # dynamo folds it to a constant when it traces a compiled region that calls
     # ``optimizer.step()``, where the thread test or the clock would break its graph
     # (and fail a ``fullgraph=True`` compile), and reading the probe's state would
-    # add guards on it. The hooks are then absent from the compiled code.
+    # add guards on it. The hooks are then absent from the compiled code. Dynamo's
+    # own test (dynamo_reader): one frame a step, not two.
 
     def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         if (
@@ -144,7 +145,12 @@ def _install_optimizer_hooks(
         try:
             if _get_ident() != state.training_ident and not probe.adopt_training_thread():
                 return
-            tracker.optimizer_exit(clock(), id(optimizer))
+            now = clock()
+            gap = tracker.gap
+            # A gap step closes in the gap's own close (StepTracker.optimizer_exit's
+            # first test, a call less on most short steps).
+            if gap is None or not gap.close(tracker, now, id(optimizer)):
+                tracker.optimizer_exit(now, id(optimizer))
         except Exception as exc:
             part.fail(exc)
 
