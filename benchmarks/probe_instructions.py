@@ -164,7 +164,9 @@ def instructions(
             argv, stdin=pipe, stdout=pipe, stderr=subprocess.DEVNULL, text=True, env=env
         )
         assert proc.stdin is not None and proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
+        if proc.stdout.readline().strip() != "ready":
+            proc.wait()
+            raise SystemExit(f"probe_instructions.py: {model}: the job did not start")
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True)
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -190,6 +192,20 @@ def _totals(report: str) -> dict[str, int]:
     return dict(zip(names.group(1).split(), counts, strict=False))
 
 
+def _one(model: str, steps: int, mode: str, disable: str) -> str:
+    """The bytecode count of one run, in a fresh interpreter; a run that fails
+    (an unknown model ...) ends the benchmark with its last line."""
+    run = subprocess.run(
+        [sys.executable, __file__, "--one", model, str(steps), mode, disable],
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"probe_instructions.py: {model}: {last}")
+    return run.stdout
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -205,6 +221,8 @@ def main() -> None:
     parser.add_argument("--by-function", action="store_true")
     parser.add_argument("--disable", default="", help="probe parts to leave off, comma-separated")
     args = parser.parse_args()
+    if (args.cache_sim or args.no_windows) and not args.valgrind:
+        parser.error("--cache-sim and --no-windows count with --valgrind only")
     models = args.models.split(",")
     if args.valgrind:
         events = EVENTS if args.cache_sim else EVENTS[:1]
@@ -230,12 +248,7 @@ def main() -> None:
         # A fresh interpreter per run: the probe's hooks are process-wide.
         runs = [
             json.loads(
-                subprocess.run(
-                    [sys.executable, __file__, "--one", model, str(args.steps), mode, args.disable],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
+                _one(model, args.steps, mode, args.disable)
             )
             for mode in ("plain", "probed")
         ]

@@ -155,8 +155,8 @@ class RingGap(GapSteps):
     loader fields alone moved, starts the next step in place of a new one: on
     sub-millisecond steps each object and call fewer on the training thread is
     memory the step's kernels find in their caches (docs/performance.md).
-    Everything it touches a step is held here, read from the ring once when
-    armed.
+    What it needs of the ring (the writer, its mapping and packer, the codes,
+    the clock offset) is held here, read once when armed.
     """
 
     __slots__ = ("capacity", "map", "pack", "phase", "source", "steps", "wall_offset", "writer")
